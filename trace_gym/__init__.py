@@ -1,0 +1,32 @@
+"""trace-gym: multi-turn agent environments with verifiable rewards, and a
+budget-allocation API that decides which prompts get rollouts and from which turn-level
+prefixes to branch.
+
+The public API::
+
+    import trace_gym
+    env = trace_gym.make("trace_gym/MathCalc-v0")
+    alloc = trace_gym.make_allocator("trace")
+    pred = trace_gym.make_predictor("hashed")
+    forest = trace_gym.Forest()
+"""
+
+from trace_gym.allocator import Allocator, Budget, BudgetExceeded, Spend, allocate_step, make_allocator
+from trace_gym.env import AgentEnv, EnvSnapshot, EpisodeState, TurnResult
+from trace_gym.forest import History, Forest
+from trace_gym.policy import Generation, Policy, SamplingParams, make_policy
+from trace_gym.predictor import Predictor, make_predictor
+from trace_gym.registry import Registry, env_ids, make, register
+from trace_gym.task import Task, TaskSource
+from trace_gym.tools import Tool, ToolError, tool
+
+import trace_gym.envs  # noqa: E402,F401  (registers the built-in environments)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentEnv", "Allocator", "Budget", "BudgetExceeded", "EnvSnapshot", "EpisodeState", "Forest", "Generation",
+    "History", "Policy", "Predictor", "Registry", "SamplingParams", "Spend", "Task", "TaskSource", "Tool",
+    "ToolError", "TurnResult", "allocate_step", "env_ids", "make", "make_allocator", "make_policy",
+    "make_predictor", "register", "tool",
+]

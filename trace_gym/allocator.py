@@ -1,0 +1,195 @@
+"""The budget-allocation API: ``Budget``, the ``Allocator`` base class, and the driver
+that runs an allocator's two stages against any way of producing rollouts.
+
+An allocator sees only the forest and a predictor:
+
+* ``plan_roots(forest, budget, predictor) -> counts`` (stage 1): the forest holds one root
+  per candidate prompt and nothing else; return how many bare rollouts each root gets.
+* ``plan_prefixes(forest, budget, remaining, predictor) -> [(node, k), ...]`` (stage 2):
+  the forest now holds the finished rollouts (backed up); return branch points and how
+  many continuations each gets. A root node is allowed (k fresh rollouts of that prompt,
+  which is how re-sampling allocators such as DAPO spend their budget). The driver calls
+  it again while budget remains and the plan is non-empty.
+
+:func:`allocate_step` runs both stages, checks that no plan overspends, and backs the
+forest up at the end. The rollout engine (real models) and the simulator bench call the
+same function, so an allocator behaves identically in both.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Sequence
+
+import numpy as np
+
+from trace_gym.forest import TERMINAL, Forest
+from trace_gym.registry import Registry
+
+
+class BudgetExceeded(RuntimeError):
+    """An allocator planned more trajectories than its budget allows."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one training step may spend.
+
+    Attributes:
+        trajectories: M, rollouts per step (bare rollouts plus branch continuations).
+        root_fraction: share of M spent in stage 1 on bare rollouts (the rest is stage 2).
+        min_per_prompt: m_min, the fewest rollouts a selected prompt gets in stage 1
+            (one rollout alone can never be mixed).
+        max_per_prompt: cap on one prompt's stage-1 rollouts (None: no cap).
+        group_size: rollouts per prompt for fixed-group allocators (GRPO's G).
+    """
+
+    trajectories: int
+    root_fraction: float = 0.5
+    min_per_prompt: int = 2
+    max_per_prompt: int | None = None
+    group_size: int = 8
+
+    def __post_init__(self) -> None:
+        if self.trajectories < 1:
+            raise ValueError(f"Budget.trajectories must be at least 1, got {self.trajectories}")
+        if not 0.0 < self.root_fraction <= 1.0:
+            raise ValueError(f"Budget.root_fraction must be in (0, 1], got {self.root_fraction}")
+        if self.min_per_prompt < 1:
+            raise ValueError(f"Budget.min_per_prompt must be at least 1, got {self.min_per_prompt}")
+        if self.max_per_prompt is not None and self.max_per_prompt < self.min_per_prompt:
+            raise ValueError("Budget.max_per_prompt must be at least min_per_prompt")
+        if self.group_size < 1:
+            raise ValueError(f"Budget.group_size must be at least 1, got {self.group_size}")
+
+    @property
+    def root_trajectories(self) -> int:
+        """M_root: the stage-1 share of the budget."""
+        return int(round(self.trajectories * self.root_fraction))
+
+
+@dataclass
+class Spend:
+    """What an allocator planned in the last step."""
+
+    trajectories: int = 0
+    roots: int = 0  # bare rollouts (stage 1, and root re-samples in stage 2)
+    branches: int = 0  # continuations from inner nodes
+    prompts: int = 0  # prompts that received at least one rollout
+
+    def as_dict(self) -> dict[str, int]:
+        return {"trajectories": self.trajectories, "roots": self.roots, "branches": self.branches, "prompts": self.prompts}
+
+
+class Allocator(ABC):
+    """Decides where a step's rollout budget goes. See the module docstring."""
+
+    name: ClassVar[str] = "allocator"
+
+    def __init__(self) -> None:
+        self.spent = Spend()
+
+    @abstractmethod
+    def plan_roots(self, forest: Forest, budget: Budget, predictor: Any | None) -> np.ndarray:
+        """Stage 1: rollouts per tree (an int array of length ``forest.n_trees``)."""
+
+    def plan_prefixes(self, forest: Forest, budget: Budget, remaining: int, predictor: Any | None) -> list[tuple[int, int]]:
+        """Stage 2: ``(node, k)`` pairs spending at most ``remaining`` trajectories. Default: none."""
+        return []
+
+    def observe(self, forest: Forest) -> None:
+        """Called with the finished, backed-up forest at the end of a step (for allocators with memory)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to checkpoint (allocators with memory override this)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+ALLOCATORS: Registry[Allocator] = Registry("allocator")
+"""Name -> allocator class. Register with ``trace_gym.allocators.register("name")``."""
+
+
+def make_allocator(name: str, **kwargs: Any) -> Allocator:
+    """Build a registered allocator by name (``make_allocator("trace", stage1="uniform")``)."""
+    import trace_gym.allocators  # noqa: F401  (registers the built-ins)
+
+    return ALLOCATORS.make(name, **kwargs)
+
+
+RolloutFn = Callable[[Forest, np.ndarray], None]
+"""``rollout(forest, origins)``: start one trajectory at each node id in ``origins`` (with
+``forest.start_trajectory``) and run all of them to their end, appending their nodes."""
+
+
+def _check(plan_total: int, limit: int, allocator: Allocator, stage: str) -> None:
+    if plan_total > limit:
+        raise BudgetExceeded(f"allocator {allocator.name!r} planned {plan_total} trajectories in {stage}, but only {limit} remain")
+
+
+def allocate_step(
+    forest: Forest,
+    allocator: Allocator,
+    budget: Budget,
+    predictor: Any | None,
+    rollout: RolloutFn,
+    *,
+    max_rounds: int = 64,
+) -> Spend:
+    """Run stage 1 and then stage 2 (repeatedly, while budget remains) on ``forest``.
+
+    ``forest`` must hold the candidate roots only. Raises :class:`BudgetExceeded` if a plan
+    asks for more than the budget; returns what was spent (also in ``allocator.spent``).
+    """
+    if forest.n_trajectories:
+        raise ValueError("allocate_step expects a forest that holds candidate roots only")
+    allocator.spent = spend = Spend()
+    counts = np.asarray(allocator.plan_roots(forest, budget, predictor), dtype=np.int64)
+    if counts.shape != (forest.n_trees,):
+        raise ValueError(f"allocator {allocator.name!r}: plan_roots returned shape {counts.shape}, expected ({forest.n_trees},)")
+    if counts.size and counts.min() < 0:
+        raise ValueError(f"allocator {allocator.name!r}: negative rollout counts")
+    _check(int(counts.sum()), budget.trajectories, allocator, "stage 1")
+    origins = np.repeat(forest.root_nodes.astype(np.int64), counts)
+    if origins.size:
+        rollout(forest, origins)
+    spend.roots += int(counts.sum())
+    forest.backup()
+    for _ in range(max_rounds):
+        remaining = budget.trajectories - forest.n_trajectories
+        if remaining <= 0:
+            break
+        plan = allocator.plan_prefixes(forest, budget, remaining, predictor)
+        if not plan:
+            break
+        nodes = np.fromiter((int(n) for n, _ in plan), dtype=np.int64, count=len(plan))
+        ks = np.fromiter((int(k) for _, k in plan), dtype=np.int64, count=len(plan))
+        if ks.min() < 0:
+            raise ValueError(f"allocator {allocator.name!r}: negative branch counts")
+        if nodes.min() < 0 or nodes.max() >= len(forest):
+            raise ValueError(f"allocator {allocator.name!r}: branch point outside the forest")
+        if np.any(forest.flags[nodes] & TERMINAL):
+            raise ValueError(f"allocator {allocator.name!r}: cannot branch from a terminal node")
+        _check(int(ks.sum()), remaining, allocator, "stage 2")
+        is_root = forest.parent[nodes] < 0
+        spend.roots += int(ks[is_root].sum())
+        spend.branches += int(ks[~is_root].sum())
+        rollout(forest, np.repeat(nodes, ks))
+        forest.backup()
+    forest.backup()
+    spend.trajectories = forest.n_trajectories
+    spend.prompts = int(np.count_nonzero(forest.n_leaves[forest.root_nodes] > 0)) if forest.n_trees else 0
+    allocator.observe(forest)
+    return spend
+
+
+def add_candidates(forest: Forest, histories: Sequence[Any]) -> np.ndarray:
+    """Add one root per candidate (objects with ``task_id``, ``prompt`` and optional
+    ``oracle``/``max_turns``, e.g. :class:`~trace_gym.forest.History`); returns root ids."""
+    return np.array(
+        [forest.add_root(h.task_id, h.prompt, max_turns=getattr(h, "max_turns", 0), oracle=getattr(h, "oracle", float("nan"))) for h in histories],
+        dtype=np.int64,
+    )

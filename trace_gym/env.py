@@ -1,0 +1,298 @@
+"""``AgentEnv``: the base class of every trace-gym environment.
+
+Contract (read this before writing an env):
+
+* One episode is one :class:`~trace_gym.task.Task`. ``reset(seed=, options=)`` takes
+  ``options={"task": Task}``, ``{"task_id": str}`` or ``{"index": int}``; without options it
+  draws a task index from the env's seeded RNG. The observation is the task's prompt; ``info``
+  holds ``task_id``, ``tools`` (JSON schemas for ``apply_chat_template(tools=...)``) and
+  ``messages`` (the system + user messages the policy should see).
+* One ``step(action)`` is one ReAct turn: the policy's text in, the observation text out
+  (tool results, an error message, or the next user message). The default turn logic
+  (:meth:`AgentEnv.turn`) runs tool calls through the env's tools and scores an
+  ``<answer>`` with :meth:`AgentEnv.score`; envs with other rules override ``turn``.
+* Malformed actions never raise: they produce an error observation (``info["parse_error"]``).
+* All mutable episode state lives in ``self.state`` (an :class:`EpisodeState`), tool state
+  included, so ``snapshot()`` / ``restore()`` fork an episode exactly. ``restore(s,
+  branch_id=b)`` additionally re-derives the episode RNG from (seed, b, turn): two forks with
+  different branch ids diverge, the same branch id replays identically.
+* ``demonstrate(task)`` returns a correct trajectory (the policy's turns) for SFT warm
+  starts and tests.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, SupportsFloat
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+from pydantic import BaseModel, ConfigDict
+
+from trace_gym.react import ParsedTurn, ToolCall, parse_turn
+from trace_gym.task import Split, Task, TaskSource
+from trace_gym.tools import Tool
+
+
+def _text_charset() -> frozenset[str]:
+    # Every character a model or tool can emit in the Basic Multilingual Plane (no surrogates);
+    # anything outside it is replaced by U+FFFD before it reaches an observation.
+    ranges = [(0x09, 0x0A), (0x0D, 0x0D), (0x20, 0x7E), (0xA0, 0xD7FF), (0xE000, 0xFFFD)]
+    return frozenset(chr(c) for lo, hi in ranges for c in range(lo, hi + 1))
+
+
+TEXT_CHARSET: frozenset[str] = _text_charset()
+MAX_ACTION_CHARS = 1 << 20
+MAX_OBSERVATION_CHARS = 1 << 16
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an agent that solves tasks step by step. In each turn, think inside <think>...</think>, "
+    "then either call one or more tools, each as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>, "
+    "or give your final answer as <answer>...</answer>."
+)
+
+
+def clean_text(text: str, max_chars: int) -> str:
+    """Make ``text`` a member of the env's Text spaces: known characters only, bounded length."""
+    if not isinstance(text, str):
+        text = str(text)
+    if len(text) > max_chars:
+        note = f"\n[... truncated {len(text) - max_chars} characters]"
+        text = text[: max(0, max_chars - len(note))] + note
+    if all(c in TEXT_CHARSET for c in text):
+        return text
+    return "".join(c if c in TEXT_CHARSET else "\ufffd" for c in text)
+
+
+class EnvSnapshot(BaseModel):
+    """A serialisable copy of one episode's state, tool state included."""
+
+    model_config = ConfigDict(frozen=True)
+
+    env_id: str
+    turn: int
+    payload: bytes
+
+    def to_bytes(self) -> bytes:
+        """Serialise (for checkpoints and JSONL records)."""
+        return pickle.dumps((self.env_id, self.turn, self.payload))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "EnvSnapshot":
+        """Inverse of :meth:`to_bytes`."""
+        env_id, turn, payload = pickle.loads(data)
+        return cls(env_id=env_id, turn=turn, payload=payload)
+
+
+@dataclass
+class EpisodeState:
+    """Everything that changes during an episode. ``tool_state`` is the env's own (a dict,
+    a simulated file system ...); it must be picklable."""
+
+    task: Task
+    rng: np.random.Generator
+    turn: int = 0
+    done: bool = False
+    transcript: list[tuple[str, str]] = field(default_factory=list)  # (action, observation) per turn
+    tool_state: Any = None
+
+
+@dataclass
+class TurnResult:
+    """What one turn produced, as returned by :meth:`AgentEnv.turn`."""
+
+    observation: str
+    reward: float = 0.0
+    terminated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class AgentEnv(gymnasium.Env[str, str]):
+    """Base class of multi-turn agent environments; see the module docstring for the contract.
+
+    Subclasses set :attr:`env_id`, implement :meth:`tasks` (a :class:`TaskSource`),
+    :meth:`score` and :meth:`demonstrate`, and usually :meth:`build_tools` and
+    :meth:`initial_tool_state`.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "human"], "render_fps": 1}
+    env_id: ClassVar[str] = "trace_gym/AgentEnv-v0"
+    default_max_turns: ClassVar[int] = 8
+    system_prompt: ClassVar[str] = DEFAULT_SYSTEM_PROMPT
+
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        split: Split = "train",
+        max_turns: int | None = None,
+        max_observation_chars: int = 8192,
+        render_mode: str | None = None,
+    ):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        if max_turns is not None and max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        self.seed_value = int(seed)
+        self.split: Split = split
+        self.max_turns = int(max_turns or self.default_max_turns)
+        self.max_observation_chars = int(min(max_observation_chars, MAX_OBSERVATION_CHARS))
+        self.render_mode = render_mode
+        self.observation_space = spaces.Text(MAX_OBSERVATION_CHARS, min_length=0, charset=TEXT_CHARSET)
+        self.action_space = spaces.Text(MAX_ACTION_CHARS, min_length=0, charset=TEXT_CHARSET)
+        self.state: EpisodeState | None = None
+        self._tools: dict[str, Tool] = {}
+        self._np_random, _ = gymnasium.utils.seeding.np_random(self.seed_value)
+
+    # ------------------------------------------------------------------ subclass API
+
+    def tasks(self) -> TaskSource:
+        """The env's task source."""
+        raise NotImplementedError
+
+    def score(self, task: Task, answer: str) -> float:
+        """Reward in [0, 1] for a final ``answer`` to ``task``."""
+        raise NotImplementedError
+
+    def demonstrate(self, task: Task) -> list[str]:
+        """A correct trajectory for ``task``: the policy's turns, in order."""
+        raise NotImplementedError
+
+    def build_tools(self, task: Task) -> list[Tool]:
+        """The tools available in an episode of ``task``. Tools read and write
+        ``self.state.tool_state`` so that snapshots capture them."""
+        return []
+
+    def initial_tool_state(self, task: Task) -> Any:
+        """The tool state at the start of an episode."""
+        return None
+
+    def turn(self, parsed: ParsedTurn, action: str) -> TurnResult:
+        """Apply one parsed turn. Default: answer -> score and end; tool calls -> run them."""
+        assert self.state is not None
+        if parsed.error is not None:
+            return TurnResult(self.error_observation(parsed.error), info={"parse_error": parsed.error})
+        if parsed.answer is not None:
+            reward = float(self.score(self.state.task, parsed.answer))
+            return TurnResult("", reward=reward, terminated=True, info={"answer": parsed.answer})
+        return TurnResult(self.run_tool_calls(parsed.tool_calls), info={"tool_calls": len(parsed.tool_calls)})
+
+    # ------------------------------------------------------------------ shared machinery
+
+    def error_observation(self, message: str) -> str:
+        """The observation shown for a turn the env could not act on."""
+        return f"Error: {message}"
+
+    def run_tool_calls(self, calls: list[ToolCall]) -> str:
+        """Run each call through its tool; unknown tools and failures become error lines."""
+        outputs = []
+        for call in calls:
+            t = self._tools.get(call.name)
+            if t is None:
+                known = ", ".join(sorted(self._tools)) or "none"
+                outputs.append(f"Error: unknown tool {call.name!r} (available: {known}).")
+            else:
+                outputs.append(t.call(call.arguments))
+        return "\n".join(outputs)
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """JSON schemas of the current episode's tools."""
+        return [t.schema for t in self._tools.values()]
+
+    def task_by_id(self, task_id: str) -> Task:
+        """Look a task up by id. Ids of built-in sources end in ``/<split>/<index>``."""
+        src = self.tasks()
+        by_id = getattr(src, "by_id", None)
+        if callable(by_id):
+            return by_id(task_id)
+        try:
+            _, split, index = task_id.rsplit("/", 2)
+            return src.get(int(index), split)  # type: ignore[arg-type]
+        except (ValueError, KeyError, IndexError) as exc:
+            raise KeyError(f"{self.env_id}: no task with id {task_id!r}") from exc
+
+    def messages(self) -> list[dict[str, str]]:
+        """The chat messages that open the current episode (system, user)."""
+        assert self.state is not None
+        return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": self.state.task.prompt}]
+
+    def _info(self, **extra: Any) -> dict[str, Any]:
+        assert self.state is not None
+        info = {"task_id": self.state.task.id, "turn": self.state.turn}
+        info.update(extra)
+        return info
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        if seed is not None:
+            self.seed_value = int(seed)
+        options = options or {}
+        if "task" in options:
+            task = options["task"]
+            if not isinstance(task, Task):
+                task = Task.model_validate(task)
+        elif "task_id" in options:
+            task = self.task_by_id(str(options["task_id"]))
+        else:
+            src = self.tasks()
+            index = int(options["index"]) if "index" in options else int(self.np_random.integers(0, max(1, src.size(self.split))))
+            task = src.get(index, self.split)
+        rng = np.random.default_rng([self.seed_value, zlib.crc32(task.id.encode())])
+        self.state = EpisodeState(task=task, rng=rng, tool_state=self.initial_tool_state(task))
+        self._tools = {t.name: t for t in self.build_tools(task)}
+        obs = clean_text(task.prompt, MAX_OBSERVATION_CHARS)
+        return obs, self._info(tools=self.tool_schemas, messages=self.messages())
+
+    def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        if self.state is None:
+            raise RuntimeError(f"{self.env_id}: call reset() before step()")
+        if self.state.done:
+            raise RuntimeError(f"{self.env_id}: the episode has ended; call reset()")
+        if not isinstance(action, str):
+            action = str(action)
+        action = action[:MAX_ACTION_CHARS]
+        self.state.turn += 1
+        result = self.turn(parse_turn(action), action)
+        obs = clean_text(result.observation, self.max_observation_chars)
+        truncated = not result.terminated and self.state.turn >= self.max_turns
+        self.state.done = result.terminated or truncated
+        self.state.transcript.append((action, obs))
+        info = self._info(role=result.info.pop("role", "tool"), **result.info)
+        if self.render_mode == "human":
+            print(self.render())
+        return obs, float(result.reward), bool(result.terminated), bool(truncated), info
+
+    def render(self) -> str | None:
+        if self.state is None:
+            return None
+        lines = [f"[{self.env_id}] task {self.state.task.id}", f"USER: {self.state.task.prompt}"]
+        for action, obs in self.state.transcript:
+            lines.append(f"AGENT: {action}")
+            if obs:
+                lines.append(f"ENV: {obs}")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ fork
+
+    def snapshot(self) -> EnvSnapshot:
+        """A copy of the current episode's state (tool state included)."""
+        if self.state is None:
+            raise RuntimeError(f"{self.env_id}: nothing to snapshot before reset()")
+        return EnvSnapshot(env_id=self.env_id, turn=self.state.turn, payload=pickle.dumps(self.state))
+
+    def restore(self, snapshot: EnvSnapshot, branch_id: int | None = None) -> None:
+        """Return to ``snapshot``. With ``branch_id`` the episode RNG is re-derived from
+        (seed, branch_id, turn), so forks diverge reproducibly; without it the RNG resumes
+        where the snapshot left it (exact replay)."""
+        if snapshot.env_id != self.env_id:
+            raise ValueError(f"snapshot of {snapshot.env_id!r} cannot be restored into {self.env_id!r}")
+        state: EpisodeState = pickle.loads(snapshot.payload)
+        if branch_id is not None:
+            state.rng = np.random.default_rng([self.seed_value, int(branch_id), state.turn])
+        self.state = state
+        self._tools = {t.name: t for t in self.build_tools(state.task)}
+

@@ -1,0 +1,381 @@
+"""``Forest``: one training step's rollout trees as flat arrays.
+
+A node is one ReAct turn; a tree's root (depth 0) is the prompt. A trajectory is a path
+from the node it started at (its *origin*: the root for a bare rollout, an inner node for
+a stage-2 branch) down to its leaf; every non-root node belongs to exactly one trajectory,
+the one that generated it. A leaf whose episode ended carries the terminal reward.
+
+Nodes are only ever appended, and a node's parent is always added before it
+(``parent[i] < i``). The kernels rely on that: one reverse sweep visits every child before
+its parent, so bookkeeping is O(nodes) with no per-node Python objects.
+
+Per-node Python payloads (turn text, token ids, log-probs, env snapshots) live in
+``Forest.payload``; everything the kernels read is a numpy array.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numba as nb
+import numpy as np
+
+# node flags
+TERMINAL = np.uint8(1)  # the episode ended at this node: it carries a reward and cannot be branched
+TRUNCATED = np.uint8(2)  # ended by the turn limit rather than by an answer (also TERMINAL)
+BRANCH = np.uint8(4)  # first node of a stage-2 continuation
+
+
+@dataclass(frozen=True)
+class History:
+    """The prefix a predictor scores: a prompt and the turns taken since, ending at a node.
+
+    ``steps`` are the turn texts (action and observation) from the root's child down to
+    the node; ``depth == len(steps)``. ``oracle`` is the environment's exact conditional
+    success probability where it knows it (the simulator), else NaN.
+    """
+
+    task_id: str
+    prompt: str
+    steps: tuple[str, ...] = ()
+    oracle: float = float("nan")
+    max_turns: int = 0
+
+    @property
+    def depth(self) -> int:
+        return len(self.steps)
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+@nb.njit(cache=True, nogil=True)
+def backup_kernel(parent, flags, reward, n_leaves, reward_sum, value, leaf_min, leaf_max):
+    """Back up leaf rewards: n_leaves, reward sums, V_hat = mean leaf reward, and the range
+    of leaf rewards under every node (a node is *mixed* when ``leaf_min < leaf_max``)."""
+    n = parent.shape[0]
+    for i in range(n):
+        if (flags[i] & 1) and not np.isnan(reward[i]):
+            n_leaves[i] = 1
+            reward_sum[i] = reward[i]
+            leaf_min[i] = reward[i]
+            leaf_max[i] = reward[i]
+        else:
+            n_leaves[i] = 0
+            reward_sum[i] = 0.0
+            leaf_min[i] = np.inf
+            leaf_max[i] = -np.inf
+    for i in range(n - 1, -1, -1):
+        p = parent[i]
+        if p >= 0:
+            n_leaves[p] += n_leaves[i]
+            reward_sum[p] += reward_sum[i]
+            if leaf_min[i] < leaf_min[p]:
+                leaf_min[p] = leaf_min[i]
+            if leaf_max[i] > leaf_max[p]:
+                leaf_max[p] = leaf_max[i]
+    for i in range(n):
+        value[i] = reward_sum[i] / n_leaves[i] if n_leaves[i] > 0 else np.nan
+
+
+@nb.njit(cache=True, nogil=True)
+def effective_ratio_kernel(root_nodes, n_leaves, leaf_min, leaf_max):
+    """Share of trees with at least one finished leaf whose leaf rewards are not all equal."""
+    seen = 0
+    mixed = 0
+    for r in root_nodes:
+        if n_leaves[r] > 0:
+            seen += 1
+            if leaf_min[r] < leaf_max[r]:
+                mixed += 1
+    return mixed / seen if seen > 0 else 0.0
+
+
+# ----------------------------------------------------------------------------- the forest
+
+_NODE_ARRAYS = {
+    # name: (dtype, fill)
+    "parent": (np.int32, -1),
+    "tree": (np.int32, -1),
+    "depth": (np.int32, 0),
+    "traj": (np.int32, -1),
+    "flags": (np.uint8, 0),
+    "reward": (np.float64, np.nan),
+    "n_tokens": (np.int32, 0),
+    "n_children": (np.int32, 0),
+    "pred": (np.float64, np.nan),
+    "oracle": (np.float64, np.nan),
+    # written by backup()
+    "n_leaves": (np.int32, 0),
+    "reward_sum": (np.float64, 0.0),
+    "value": (np.float64, np.nan),
+    "leaf_min": (np.float64, np.inf),
+    "leaf_max": (np.float64, -np.inf),
+}
+
+
+class Forest:
+    """A batch of rollout trees (one per prompt) as struct-of-arrays.
+
+    Node arrays (length ``len(forest)``, read them as ``forest.parent`` etc.): ``parent``,
+    ``tree`` (index of the node's tree), ``depth``, ``traj`` (trajectory that generated the
+    node, -1 for roots), ``flags`` (``TERMINAL | TRUNCATED | BRANCH``), ``reward`` (terminal
+    reward, NaN elsewhere), ``n_tokens`` (policy tokens generated at the node),
+    ``n_children``, ``pred`` (predicted value), ``oracle`` (exact value where the env knows
+    it), and, after :meth:`backup`, ``n_leaves``, ``reward_sum``, ``value`` (V_hat, mean leaf
+    reward below), ``leaf_min``/``leaf_max``.
+
+    Per tree: ``root_nodes``, ``task_ids``, ``prompts``. Per trajectory: ``traj_origin``
+    (node it started from) and ``traj_leaf`` (its current last node).
+    """
+
+    def __init__(self, capacity: int = 1024):
+        self._cap = max(16, int(capacity))
+        self._n = 0
+        self._arr: dict[str, np.ndarray] = {k: np.full(self._cap, fill, dtype=dt) for k, (dt, fill) in _NODE_ARRAYS.items()}
+        self.payload: list[Any] = []
+        self.text: list[str] = []
+        self.task_ids: list[str] = []
+        self.prompts: list[str] = []
+        self.max_turns: list[int] = []
+        self._root_nodes = np.zeros(16, dtype=np.int32)
+        self._n_trees = 0
+        self._traj_origin = np.zeros(16, dtype=np.int32)
+        self._traj_leaf = np.zeros(16, dtype=np.int32)
+        self._n_traj = 0
+        self.counters: dict[str, int] = {
+            "trajectories": 0, "generated_tokens": 0, "prefill_tokens": 0, "reused_prefix_tokens": 0, "tool_calls": 0,
+        }
+        self._backed_up = False
+
+    # ------------------------------------------------------------------ array access
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        arr = self.__dict__.get("_arr")
+        if arr is not None and name in arr:
+            return arr[name][: self._n]
+        raise AttributeError(name)
+
+    @property
+    def root_nodes(self) -> np.ndarray:
+        return self._root_nodes[: self._n_trees]
+
+    @property
+    def n_trees(self) -> int:
+        return self._n_trees
+
+    @property
+    def n_trajectories(self) -> int:
+        return self._n_traj
+
+    @property
+    def traj_origin(self) -> np.ndarray:
+        return self._traj_origin[: self._n_traj]
+
+    @property
+    def traj_leaf(self) -> np.ndarray:
+        return self._traj_leaf[: self._n_traj]
+
+    def _reserve(self, extra: int) -> None:
+        need = self._n + extra
+        if need <= self._cap:
+            return
+        cap = max(need, 2 * self._cap)  # amortised doubling
+        for k, (dt, fill) in _NODE_ARRAYS.items():
+            new = np.full(cap, fill, dtype=dt)
+            new[: self._n] = self._arr[k][: self._n]
+            self._arr[k] = new
+        self._cap = cap
+
+    @staticmethod
+    def _grow(a: np.ndarray, need: int) -> np.ndarray:
+        if need <= a.shape[0]:
+            return a
+        new = np.zeros(max(need, 2 * a.shape[0]), dtype=a.dtype)
+        new[: a.shape[0]] = a
+        return new
+
+    # ------------------------------------------------------------------ building
+
+    def add_root(self, task_id: str, prompt: str = "", *, max_turns: int = 0, oracle: float = float("nan"), payload: Any = None) -> int:
+        """Add a tree for one prompt; returns its root node."""
+        self._reserve(1)
+        i = self._n
+        a = self._arr
+        a["parent"][i], a["tree"][i], a["depth"][i], a["oracle"][i] = -1, self._n_trees, 0, oracle
+        self._root_nodes = self._grow(self._root_nodes, self._n_trees + 1)
+        self._root_nodes[self._n_trees] = i
+        self._n_trees += 1
+        self.task_ids.append(task_id)
+        self.prompts.append(prompt)
+        self.max_turns.append(int(max_turns))
+        self.payload.append(payload)
+        self.text.append(prompt)
+        self._n += 1
+        self._backed_up = False
+        return i
+
+    def start_trajectory(self, origin: int) -> int:
+        """Open a new trajectory continuing from node ``origin``; returns its id.
+
+        Counts one trajectory against the budget. ``origin`` must not be terminal.
+        """
+        if not 0 <= origin < self._n:
+            raise IndexError(f"node {origin} is not in the forest (size {self._n})")
+        if self._arr["flags"][origin] & TERMINAL:
+            raise ValueError(f"node {origin} is terminal: a finished episode cannot be continued")
+        t = self._n_traj
+        self._traj_origin = self._grow(self._traj_origin, t + 1)
+        self._traj_leaf = self._grow(self._traj_leaf, t + 1)
+        self._traj_origin[t] = origin
+        self._traj_leaf[t] = origin
+        self._n_traj += 1
+        self.counters["trajectories"] += 1
+        return t
+
+    def add_node(
+        self,
+        traj: int,
+        *,
+        text: str = "",
+        n_tokens: int = 0,
+        terminal: bool = False,
+        truncated: bool = False,
+        reward: float = float("nan"),
+        oracle: float = float("nan"),
+        payload: Any = None,
+    ) -> int:
+        """Append the next turn of trajectory ``traj`` (under its current last node)."""
+        if not 0 <= traj < self._n_traj:
+            raise IndexError(f"trajectory {traj} does not exist")
+        parent = int(self._traj_leaf[traj])
+        a = self._arr
+        if a["flags"][parent] & TERMINAL:
+            raise ValueError(f"trajectory {traj} has already ended")
+        if terminal and np.isnan(reward):
+            raise ValueError("a terminal node needs a reward")
+        self._reserve(1)
+        i = self._n
+        a["parent"][i] = parent
+        a["tree"][i] = a["tree"][parent]
+        a["depth"][i] = a["depth"][parent] + 1
+        a["traj"][i] = traj
+        flags = (TERMINAL if terminal or truncated else 0) | (TRUNCATED if truncated else 0)
+        if parent == self._traj_origin[traj]:
+            flags |= BRANCH if a["parent"][parent] >= 0 else 0
+        a["flags"][i] = flags
+        a["reward"][i] = reward if (terminal or truncated) else np.nan
+        a["n_tokens"][i] = n_tokens
+        a["oracle"][i] = oracle
+        a["n_children"][parent] += 1
+        self._traj_leaf[traj] = i
+        self.payload.append(payload)
+        self.text.append(text)
+        self.counters["generated_tokens"] += int(n_tokens)
+        self._n += 1
+        self._backed_up = False
+        return i
+
+    def add_nodes(
+        self,
+        trajs: np.ndarray,
+        *,
+        n_tokens: np.ndarray | None = None,
+        terminal: np.ndarray | None = None,
+        reward: np.ndarray | None = None,
+        oracle: np.ndarray | None = None,
+        texts: Sequence[str] | None = None,
+    ) -> np.ndarray:
+        """Vectorised :meth:`add_node`: the next turn of each trajectory in ``trajs`` (distinct ids)."""
+        trajs = np.asarray(trajs, dtype=np.int64)
+        k = trajs.shape[0]
+        if k == 0:
+            return np.zeros(0, dtype=np.int64)
+        if np.unique(trajs).shape[0] != k:
+            raise ValueError("add_nodes takes each trajectory at most once per call")
+        if trajs.min() < 0 or trajs.max() >= self._n_traj:
+            raise IndexError("unknown trajectory id")
+        parents = self._traj_leaf[trajs].astype(np.int64)
+        a = self._arr
+        if np.any(a["flags"][parents] & TERMINAL):
+            raise ValueError("some trajectories have already ended")
+        term = np.zeros(k, dtype=bool) if terminal is None else np.asarray(terminal, dtype=bool)
+        rew = np.full(k, np.nan) if reward is None else np.asarray(reward, dtype=np.float64)
+        if np.any(term & np.isnan(rew)):
+            raise ValueError("a terminal node needs a reward")
+        self._reserve(k)
+        ids = np.arange(self._n, self._n + k)
+        a["parent"][ids] = parents
+        a["tree"][ids] = a["tree"][parents]
+        a["depth"][ids] = a["depth"][parents] + 1
+        a["traj"][ids] = trajs
+        starts = (parents == self._traj_origin[trajs]) & (a["parent"][parents] >= 0)
+        a["flags"][ids] = np.where(term, TERMINAL, 0) | np.where(starts, BRANCH, 0)
+        a["reward"][ids] = np.where(term, rew, np.nan)
+        toks = np.zeros(k, dtype=np.int32) if n_tokens is None else np.asarray(n_tokens, dtype=np.int32)
+        a["n_tokens"][ids] = toks
+        a["oracle"][ids] = np.nan if oracle is None else oracle
+        np.add.at(a["n_children"], parents, 1)
+        self._traj_leaf[trajs] = ids
+        self.payload.extend([None] * k)
+        self.text.extend(texts if texts is not None else [""] * k)
+        self.counters["generated_tokens"] += int(toks.sum())
+        self._n += k
+        self._backed_up = False
+        return ids
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def backup(self) -> "Forest":
+        """Back up leaf rewards into ``n_leaves``, ``reward_sum``, ``value``, ``leaf_min/max``."""
+        a, n = self._arr, self._n
+        backup_kernel(a["parent"][:n], a["flags"][:n], a["reward"][:n], a["n_leaves"][:n], a["reward_sum"][:n],
+                      a["value"][:n], a["leaf_min"][:n], a["leaf_max"][:n])
+        self._backed_up = True
+        return self
+
+    def _ensure_backed_up(self) -> None:
+        if not self._backed_up:
+            self.backup()
+
+    def effective_ratio(self) -> float:
+        """Share of prompts (trees with at least one finished rollout) that hold both a
+        success and a failure leaf (for graded rewards: two different leaf rewards)."""
+        self._ensure_backed_up()
+        return float(effective_ratio_kernel(self.root_nodes, self.n_leaves, self.leaf_min, self.leaf_max))
+
+    def leaves(self) -> np.ndarray:
+        """Ids of finished leaves (terminal nodes)."""
+        return np.flatnonzero(self.flags & TERMINAL)
+
+    def branchable(self) -> np.ndarray:
+        """Ids of non-root, non-terminal nodes that lie on a trajectory (prefixes stage 2 may branch from)."""
+        return np.flatnonzero(((self.flags & TERMINAL) == 0) & (self.parent >= 0))
+
+    def path(self, node: int) -> list[int]:
+        """Node ids from the root's child down to ``node``."""
+        out = []
+        parent = self._arr["parent"]
+        while parent[node] >= 0:
+            out.append(int(node))
+            node = int(parent[node])
+        return out[::-1]
+
+    def history(self, node: int) -> History:
+        """The :class:`History` that ends at ``node`` (the predictor's input)."""
+        tree = int(self._arr["tree"][node])
+        return History(
+            task_id=self.task_ids[tree],
+            prompt=self.prompts[tree],
+            steps=tuple(self.text[i] for i in self.path(node)),
+            oracle=float(self._arr["oracle"][node]),
+            max_turns=self.max_turns[tree],
+        )
+
+    def histories(self, nodes: Iterable[int]) -> list[History]:
+        """:meth:`history` for each node."""
+        return [self.history(int(i)) for i in nodes]

@@ -1,0 +1,10 @@
+"""Built-in predictors of V(H).
+
+``trace_gym.predictors.register("name")`` registers your own;
+``trace_gym.make_predictor("name", **kwargs)`` builds one.
+"""
+
+from trace_gym.predictor import PREDICTORS
+
+register = PREDICTORS.register
+names = PREDICTORS.names

@@ -1,0 +1,1 @@
+"""Trainers (importable as ``trace_gym.trainers``)."""
