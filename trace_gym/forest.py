@@ -66,7 +66,9 @@ def backup_kernel(parent, flags, reward, n_leaves, reward_sum, value, leaf_min, 
             reward_sum[i] = 0.0
             leaf_min[i] = np.inf
             leaf_max[i] = -np.inf
+    # children come after their parent, so in a reverse sweep node i is complete when reached
     for i in range(n - 1, -1, -1):
+        value[i] = reward_sum[i] / n_leaves[i] if n_leaves[i] > 0 else np.nan
         p = parent[i]
         if p >= 0:
             n_leaves[p] += n_leaves[i]
@@ -75,8 +77,6 @@ def backup_kernel(parent, flags, reward, n_leaves, reward_sum, value, leaf_min, 
                 leaf_min[p] = leaf_min[i]
             if leaf_max[i] > leaf_max[p]:
                 leaf_max[p] = leaf_max[i]
-    for i in range(n):
-        value[i] = reward_sum[i] / n_leaves[i] if n_leaves[i] > 0 else np.nan
 
 
 @nb.njit(cache=True, nogil=True)
@@ -90,6 +90,29 @@ def effective_ratio_kernel(root_nodes, n_leaves, leaf_min, leaf_max):
             if leaf_min[r] < leaf_max[r]:
                 mixed += 1
     return mixed / seen if seen > 0 else 0.0
+
+
+@nb.njit(cache=True, nogil=True)
+def effective_sample_ratio_kernel(traj, n_tokens, adv, n_traj):
+    """(share of trajectories owning a node with ``adv != 0``, share of generated tokens in
+    such nodes); every trajectory and every token counts in the denominators."""
+    hit = np.zeros(n_traj, dtype=np.bool_)
+    tok_all = 0.0
+    tok_hit = 0.0
+    for i in range(traj.shape[0]):
+        tok_all += n_tokens[i]
+        if adv[i] != 0.0:
+            tok_hit += n_tokens[i]
+            t = traj[i]
+            if t >= 0:
+                hit[t] = True
+    n_hit = 0
+    for t in range(n_traj):
+        if hit[t]:
+            n_hit += 1
+    traj_ratio = n_hit / n_traj if n_traj > 0 else 0.0
+    token_ratio = tok_hit / tok_all if tok_all > 0 else 0.0
+    return traj_ratio, token_ratio
 
 
 # ----------------------------------------------------------------------------- the forest
@@ -338,15 +361,54 @@ class Forest:
         self._backed_up = True
         return self
 
-    def _ensure_backed_up(self) -> None:
+    def ensure_backed_up(self) -> "Forest":
+        """:meth:`backup` unless nothing changed since the last one (node appends reset it)."""
         if not self._backed_up:
             self.backup()
+        return self
+
+    _ensure_backed_up = ensure_backed_up
+
+    def finished(self) -> np.ndarray:
+        """Boolean mask of finished leaves: terminal nodes that carry a reward."""
+        return ((self.flags & TERMINAL) != 0) & ~np.isnan(self.reward)
 
     def effective_ratio(self) -> float:
         """Share of prompts (trees with at least one finished rollout) that hold both a
         success and a failure leaf (for graded rewards: two different leaf rewards)."""
         self._ensure_backed_up()
         return float(effective_ratio_kernel(self.root_nodes, self.n_leaves, self.leaf_min, self.leaf_max))
+
+    def effective_sample_ratio(self, adv: np.ndarray) -> tuple[float, float]:
+        """``(traj_ratio, token_ratio)`` for per-node advantages ``adv`` (length ``len(self)``).
+
+        ``traj_ratio``: share of the sampled trajectories (``n_trajectories``; the ids in
+        ``traj``) that own at least one node with a non-zero advantage. ``token_ratio``:
+        share of generated tokens (``n_tokens`` summed over all nodes) that lie in nodes
+        with a non-zero advantage. Trajectories that never finished stay in the
+        denominator: they were paid for. Both are 0.0 when their denominator is empty.
+        """
+        adv = np.ascontiguousarray(adv, dtype=np.float64)
+        if adv.shape != (self._n,):
+            raise ValueError(f"adv must have one entry per node ({self._n}), got shape {adv.shape}")
+        a = self._arr
+        tr, tok = effective_sample_ratio_kernel(a["traj"][: self._n], a["n_tokens"][: self._n], adv, self._n_traj)
+        return float(tr), float(tok)
+
+    def advantages(self, name: str = "trace", **kwargs: Any) -> np.ndarray:
+        """Per-node advantages from the estimator registered as ``name`` in
+        :data:`trace_gym.advantages.ADVANTAGES` (``trace``, ``grpo``, ``dr_grpo``, ``rloo``,
+        ``treerl``, ``tree_grpo``, or a user's); ``kwargs`` go to the estimator. Backs the
+        forest up first. Returns float64 of ``len(self)``, 0 at roots; the tokens of node
+        ``y`` get ``adv[y]``."""
+        from trace_gym.advantages import ADVANTAGES
+
+        fn = ADVANTAGES.get(name)
+        self.ensure_backed_up()
+        adv = np.asarray(fn(self, **kwargs), dtype=np.float64)
+        if adv.shape != (self._n,):
+            raise ValueError(f"advantage estimator {name!r} returned shape {adv.shape}, expected ({self._n},)")
+        return adv
 
     def leaves(self) -> np.ndarray:
         """Ids of finished leaves (terminal nodes)."""
