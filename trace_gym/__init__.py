@@ -12,8 +12,10 @@ The public API::
 """
 
 from trace_gym.allocator import Allocator, Budget, BudgetExceeded, Spend, allocate_step, make_allocator
-from trace_gym.env import AgentEnv, EnvSnapshot, EpisodeState, TurnResult
+from trace_gym.env import AgentEnv, AgentText, EnvSnapshot, EnvUnavailable, EpisodeState, TurnResult
+from trace_gym.advantages import ADVANTAGES
 from trace_gym.forest import History, Forest
+from trace_gym.solvers import solve_prefixes, solve_roots
 from trace_gym.policy import Generation, Policy, SamplingParams, make_policy
 from trace_gym.predictor import Predictor, make_predictor
 from trace_gym.registry import Registry, env_ids, make, register
@@ -25,7 +27,8 @@ import trace_gym.envs  # noqa: E402,F401  (registers the built-in environments)
 __version__ = "0.1.0"
 
 __all__ = [
-    "AgentEnv", "Allocator", "Budget", "BudgetExceeded", "EnvSnapshot", "EpisodeState", "Forest", "Generation",
+    "ADVANTAGES", "solve_prefixes", "solve_roots",
+    "AgentEnv", "AgentText", "Allocator", "Budget", "BudgetExceeded", "EnvSnapshot", "EnvUnavailable", "EpisodeState", "Forest", "Generation",
     "History", "Policy", "Predictor", "Registry", "SamplingParams", "Spend", "Task", "TaskSource", "Tool",
     "ToolError", "TurnResult", "allocate_step", "env_ids", "make", "make_allocator", "make_policy",
     "make_predictor", "register", "tool",

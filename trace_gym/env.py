@@ -45,6 +45,50 @@ def _text_charset() -> frozenset[str]:
 
 
 TEXT_CHARSET: frozenset[str] = _text_charset()
+_TEXT_TABLES: tuple[Any, ...] | None = None
+
+
+def _text_tables() -> tuple[Any, ...]:
+    """gymnasium's per-character tables for TEXT_CHARSET, built once per process."""
+    global _TEXT_TABLES
+    if _TEXT_TABLES is None:
+        full = spaces.Text(1, min_length=0, charset=TEXT_CHARSET)
+        codes = np.array([ord(c) for c in full.character_list], dtype="<u4")
+        _TEXT_TABLES = (full._char_set, full._char_list, full._char_index, full._char_str, codes)
+    return _TEXT_TABLES
+
+
+class AgentText(spaces.Text):
+    """A :class:`gymnasium.spaces.Text` over :data:`TEXT_CHARSET` (every BMP character but
+    surrogates) that is cheap to build and to sample.
+
+    Gymnasium's ``Text`` builds lookup tables over its charset in every instance (~0.2 s for
+    63k characters) and samples by joining numpy string objects (~1 s per million
+    characters); here the tables are shared and samples are decoded from code points.
+    Contents, equality and masked sampling are ``Text``'s own.
+    """
+
+    _TABLE_ATTRS = ("_char_set", "_char_list", "_char_index", "_char_str")
+
+    def __init__(self, max_length: int, *, min_length: int = 0, seed: int | np.random.Generator | None = None):
+        super().__init__(max_length, min_length=min_length, charset="a", seed=seed)
+        char_set, char_list, char_index, char_str, self._codes = _text_tables()
+        if not all(hasattr(self, a) for a in self._TABLE_ATTRS):  # a gymnasium that stores them otherwise
+            super().__init__(max_length, min_length=min_length, charset=TEXT_CHARSET, seed=seed)
+            return
+        self._char_set, self._char_list, self._char_index, self._char_str = char_set, char_list, char_index, char_str
+
+    def __repr__(self) -> str:  # Text's repr lists all 63k characters
+        return f"AgentText({self.min_length}, {self.max_length}, charset=TEXT_CHARSET)"
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        if mask is not None or probability is not None:
+            return super().sample(mask=mask, probability=probability)
+        length = int(self.np_random.integers(self.min_length, self.max_length + 1))
+        idx = self.np_random.integers(0, len(self._codes), size=length)
+        return self._codes[idx].tobytes().decode("utf-32-le")
+
+
 MAX_ACTION_CHARS = 1 << 20
 MAX_OBSERVATION_CHARS = 1 << 16
 
@@ -65,6 +109,12 @@ def clean_text(text: str, max_chars: int) -> str:
     if all(c in TEXT_CHARSET for c in text):
         return text
     return "".join(c if c in TEXT_CHARSET else "\ufffd" for c in text)
+
+
+class EnvUnavailable(RuntimeError):
+    """Raised by an env's constructor when something it needs is missing: an optional extra,
+    a dataset that cannot be downloaded offline. The message says how to provide it; test
+    suites that walk the registry skip such envs visibly."""
 
 
 class EnvSnapshot(BaseModel):
@@ -98,6 +148,7 @@ class EpisodeState:
     done: bool = False
     transcript: list[tuple[str, str]] = field(default_factory=list)  # (action, observation) per turn
     tool_state: Any = None
+    seed: int = 0  # the episode's seed: forks derive their randomness from it and the branch id
 
 
 @dataclass
@@ -141,8 +192,8 @@ class AgentEnv(gymnasium.Env[str, str]):
         self.max_turns = int(max_turns or self.default_max_turns)
         self.max_observation_chars = int(min(max_observation_chars, MAX_OBSERVATION_CHARS))
         self.render_mode = render_mode
-        self.observation_space = spaces.Text(MAX_OBSERVATION_CHARS, min_length=0, charset=TEXT_CHARSET)
-        self.action_space = spaces.Text(MAX_ACTION_CHARS, min_length=0, charset=TEXT_CHARSET)
+        self.observation_space = AgentText(MAX_OBSERVATION_CHARS, min_length=0)
+        self.action_space = AgentText(MAX_ACTION_CHARS, min_length=0)
         self.state: EpisodeState | None = None
         self._tools: dict[str, Tool] = {}
         self._np_random, _ = gymnasium.utils.seeding.np_random(self.seed_value)
@@ -242,7 +293,7 @@ class AgentEnv(gymnasium.Env[str, str]):
             index = int(options["index"]) if "index" in options else int(self.np_random.integers(0, max(1, src.size(self.split))))
             task = src.get(index, self.split)
         rng = np.random.default_rng([self.seed_value, zlib.crc32(task.id.encode())])
-        self.state = EpisodeState(task=task, rng=rng, tool_state=self.initial_tool_state(task))
+        self.state = EpisodeState(task=task, rng=rng, tool_state=self.initial_tool_state(task), seed=self.seed_value)
         self._tools = {t.name: t for t in self.build_tools(task)}
         obs = clean_text(task.prompt, MAX_OBSERVATION_CHARS)
         return obs, self._info(tools=self.tool_schemas, messages=self.messages())
@@ -263,10 +314,11 @@ class AgentEnv(gymnasium.Env[str, str]):
         self.state.transcript.append((action, obs))
         info = self._info(role=result.info.pop("role", "tool"), **result.info)
         if self.render_mode == "human":
-            print(self.render())
+            self.render()
         return obs, float(result.reward), bool(result.terminated), bool(truncated), info
 
-    def render(self) -> str | None:
+    def transcript_text(self) -> str | None:
+        """The episode so far as plain text (``None`` before reset)."""
         if self.state is None:
             return None
         lines = [f"[{self.env_id}] task {self.state.task.id}", f"USER: {self.state.task.prompt}"]
@@ -275,6 +327,16 @@ class AgentEnv(gymnasium.Env[str, str]):
             if obs:
                 lines.append(f"ENV: {obs}")
         return "\n".join(lines)
+
+    def render(self) -> str | None:
+        """``"ansi"`` (and no render mode): the transcript as text; ``"human"``: print it and
+        return ``None``, as Gymnasium's render API asks."""
+        text = self.transcript_text()
+        if self.render_mode == "human":
+            if text is not None:
+                print(text)
+            return None
+        return text
 
     # ------------------------------------------------------------------ fork
 
@@ -286,13 +348,14 @@ class AgentEnv(gymnasium.Env[str, str]):
 
     def restore(self, snapshot: EnvSnapshot, branch_id: int | None = None) -> None:
         """Return to ``snapshot``. With ``branch_id`` the episode RNG is re-derived from
-        (seed, branch_id, turn), so forks diverge reproducibly; without it the RNG resumes
-        where the snapshot left it (exact replay)."""
+        (episode seed, branch_id, turn), so forks diverge reproducibly, whichever env instance
+        restores them; without it the RNG resumes where the snapshot left it (exact replay)."""
         if snapshot.env_id != self.env_id:
             raise ValueError(f"snapshot of {snapshot.env_id!r} cannot be restored into {self.env_id!r}")
         state: EpisodeState = pickle.loads(snapshot.payload)
         if branch_id is not None:
-            state.rng = np.random.default_rng([self.seed_value, int(branch_id), state.turn])
+            seed = getattr(state, "seed", self.seed_value)
+            state.rng = np.random.default_rng([int(seed), int(branch_id), state.turn])
         self.state = state
         self._tools = {t.name: t for t in self.build_tools(state.task)}
 

@@ -35,7 +35,7 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     doc = inspect.cleandoc(doc or "")
     summary = doc.split("\n\n", 1)[0].split("\nArgs:", 1)[0].replace("\n", " ").strip()
     args: dict[str, str] = {}
-    section, current = None, None
+    section, current, arg_indent = None, None, 0
     for line in doc.splitlines():
         stripped = line.strip()
         if stripped in _SECTIONS:
@@ -70,7 +70,12 @@ class Tool:
     @classmethod
     def from_function(cls, fn: Callable[..., Any], name: str | None = None, description: str | None = None) -> "Tool":
         """Build a tool from a typed function; every parameter needs a type hint."""
-        sig = inspect.signature(fn)
+        try:
+            # Resolve string annotations (``from __future__ import annotations``) in the tool's
+            # own module, where names such as ``Literal`` are defined.
+            sig = inspect.signature(fn, eval_str=True)
+        except (NameError, TypeError, SyntaxError):
+            sig = inspect.signature(fn)
         summary, arg_docs = _parse_docstring(fn.__doc__ or "")
         fields: dict[str, Any] = {}
         for pname, p in sig.parameters.items():

@@ -1,0 +1,242 @@
+"""``trace-gym envs`` (list the registered environments) and ``trace-gym play ENV`` (play one
+episode turn by turn in the terminal).
+
+In ``play`` a turn is what a policy would write (``<think>...</think>``, then
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` or ``<answer>...</answer>``),
+typed over one or more lines and ended by a line holding only ``.`` (or by end of input).
+The env's observation is shown after each turn, and the reward when the episode ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from typing import Any, TextIO
+
+__all__ = ["configure_envs", "configure_play", "env_rows", "parse_env_args", "play", "read_turn"]
+
+
+def _short_doc(obj: Any, env_id: str = "") -> str:
+    """The first paragraph of a docstring as plain text (reST roles and literals unwrapped,
+    a leading repetition of the env id dropped); a class docstring that defers to its module
+    ("see the module docstring") is replaced by the module's."""
+
+    def first_paragraph(doc: str | None) -> str:
+        text = " ".join((doc or "").strip().split("\n\n", 1)[0].split())
+        text = re.sub(r":\w+:`~?([^`]+)`", r"\1", text).replace("``", "")
+        if env_id and text.startswith(env_id):
+            text = text[len(env_id):].lstrip(" :;—-")
+        return text[:1].upper() + text[1:]
+
+    text = first_paragraph(getattr(obj, "__doc__", None))
+    if "module docstring" in text:
+        module = sys.modules.get(getattr(obj, "__module__", ""), None)
+        text = first_paragraph(getattr(module, "__doc__", None)) or text
+    return text
+
+
+def _unavailable(exc: BaseException) -> str:
+    message = " ".join(str(exc).split())
+    return f"unavailable ({type(exc).__name__}): {message[:160]}"
+
+
+def _build_row(env_id: str, row: dict[str, Any]) -> None:
+    from trace_gym.registry import make
+
+    try:
+        env = make(env_id)
+        try:
+            _, info = env.reset(seed=0)
+            row["tools"] = [t["function"]["name"] for t in info.get("tools", [])]
+        finally:
+            env.close()
+    except Exception as exc:  # a missing extra or dataset: listed, not fatal
+        row["status"] = _unavailable(exc)
+
+
+def env_rows(build: bool = True, ids: list[str] | None = None, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """One row per registered env (or per id in ``ids``): ``id``, ``description`` (the env
+    class's docstring summary), ``tools`` (names of the first task's tools; only when
+    ``build``) and ``status`` (``"ok"``, or why the env is not available here).
+
+    Envs are built concurrently, each given ``timeout_s`` seconds: an env whose dataset loader
+    retries an unreachable hub is reported as such instead of stalling the listing.
+    """
+    import threading
+
+    import gymnasium
+    from gymnasium.envs.registration import load_env_creator
+
+    from trace_gym.registry import env_ids
+
+    rows, threads = [], []
+    for env_id in ids if ids is not None else env_ids():
+        spec = gymnasium.spec(env_id)
+        row: dict[str, Any] = {"id": env_id, "description": "", "tools": [], "status": "ok"}
+        rows.append(row)
+        try:
+            cls = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+            row["description"] = _short_doc(cls, env_id)
+        except Exception as exc:  # the env's module or an extra it imports is missing
+            row["status"] = _unavailable(exc)
+            continue
+        if build:
+            # Daemon threads: one stuck in network retries must not keep the command alive.
+            t = threading.Thread(target=_build_row, args=(env_id, row), daemon=True)
+            t.start()
+            threads.append((t, row))
+    for t, row in threads:
+        t.join(timeout_s)
+        if t.is_alive():
+            row["status"] = f"not built within {timeout_s:g} s (a dataset download?)"
+    return rows
+
+
+def _run_envs(args: argparse.Namespace) -> int:
+    rows = env_rows(build=not args.no_tools, timeout_s=args.timeout)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="trace-gym environments", show_lines=False)
+    table.add_column("id", style="bold cyan", no_wrap=True)
+    table.add_column("description")
+    table.add_column("tools" if not args.no_tools else "status")
+    for row in rows:
+        if row["status"] != "ok":
+            last = f"[dim]{row['status']}[/dim]"
+        else:
+            last = ", ".join(row["tools"]) or ("—" if not args.no_tools else "ok")
+        table.add_row(row["id"], row["description"], last)
+    Console().print(table)
+    return 0
+
+
+def configure_envs(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``trace-gym envs``."""
+    parser.add_argument("--no-tools", action="store_true", help="do not build each env to list its tools (faster)")
+    parser.add_argument("--json", action="store_true", help="print the list as JSON")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each env to build (default 10)")
+    parser.set_defaults(func=_run_envs)
+
+
+# ---------------------------------------------------------------------------------- play
+
+def parse_env_args(items: list[str]) -> dict[str, Any]:
+    """``["levels=[1,2]", "data_files=x.jsonl"]`` -> ``{"levels": [1, 2], "data_files": "x.jsonl"}``
+    (values are JSON when they parse as JSON, else strings)."""
+    kwargs: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--env-arg takes KEY=VALUE, got {item!r}")
+        try:
+            kwargs[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            kwargs[key.strip()] = value
+    return kwargs
+
+
+def read_turn(stream: TextIO) -> str | None:
+    """Read one turn: lines up to a line holding only ``.``, or to end of input.
+    Returns ``None`` at end of input when nothing was typed."""
+    lines: list[str] = []
+    while True:
+        line = stream.readline()
+        if line == "":
+            return "\n".join(lines) if lines else None
+        if line.rstrip("\r\n") == ".":
+            return "\n".join(lines)
+        lines.append(line.rstrip("\r\n"))
+
+
+def play(env_id: str, *, seed: int = 0, task_id: str | None = None, index: int | None = None, split: str = "train",
+         demo: bool = False, env_kwargs: dict[str, Any] | None = None, stdin: TextIO | None = None,
+         console: Any = None) -> dict[str, Any]:
+    """Play one episode of ``env_id``: turns come from ``stdin`` (or the env's own
+    demonstration with ``demo=True``), observations go to ``console``. Returns a summary
+    ``{"task_id", "turns", "reward", "terminated", "truncated", "finished"}``."""
+    from rich.console import Console
+    from rich.panel import Panel
+    from rich.text import Text
+
+    from trace_gym.registry import make
+
+    stdin = stdin if stdin is not None else sys.stdin
+    console = console or Console(highlight=False)
+    kwargs = dict(env_kwargs or {})
+    if split != "train":
+        kwargs.setdefault("split", split)
+    env = make(env_id, **kwargs)
+    options: dict[str, Any] = {}
+    if task_id is not None:
+        options["task_id"] = task_id
+    elif index is not None:
+        options["index"] = index
+    obs, info = env.reset(seed=seed, options=options)
+    task = env.state.task  # type: ignore[attr-defined]
+    tools = ", ".join(t["function"]["name"] for t in info.get("tools", [])) or "none"
+    console.print(Panel(Text(obs), title=f"{env_id}  task {info['task_id']}", subtitle=f"tools: {tools}"))
+    planned = list(env.demonstrate(task)) if demo else None  # type: ignore[attr-defined]
+    summary = {"task_id": info["task_id"], "turns": 0, "reward": 0.0, "terminated": False, "truncated": False,
+               "finished": False}
+    while True:
+        if planned is not None:
+            if not planned:
+                break
+            action = planned.pop(0)
+            console.print(Panel(Text(action), title=f"agent, turn {summary['turns'] + 1}", border_style="blue"))
+        else:
+            console.print(Text(f"Your turn {summary['turns'] + 1} (end it with a line holding only '.'):", style="bold"))
+            action = read_turn(stdin)
+            if action is None:
+                console.print(Text("End of input; the episode is left unfinished.", style="yellow"))
+                break
+        obs, reward, terminated, truncated, info = env.step(action)
+        summary.update(turns=summary["turns"] + 1, reward=float(reward), terminated=terminated, truncated=truncated)
+        is_error = bool(info.get("parse_error")) or obs.startswith("Error")
+        if obs:
+            console.print(Panel(Text(obs), title="error" if is_error else "observation",
+                                border_style="red" if is_error else "green"))
+        if terminated or truncated:
+            how = "answered" if terminated else f"out of turns ({env.max_turns})"  # type: ignore[attr-defined]
+            verdict = f", {info['verdict']}" if "verdict" in info else ""
+            console.print(Text(f"Episode over ({how}{verdict}): reward {float(reward):g}", style="bold magenta"))
+            summary["finished"] = True
+            break
+    env.close()
+    return summary
+
+
+def _run_play(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from trace_gym.env import EnvUnavailable
+    from trace_gym.registry import UnknownNameError
+
+    console = Console(highlight=False)
+    try:
+        kwargs = parse_env_args(args.env_arg)
+        play(args.env, seed=args.seed, task_id=args.task_id, index=args.index, split=args.split, demo=args.demo,
+             env_kwargs=kwargs, console=console)
+    except (UnknownNameError, EnvUnavailable, KeyError, ValueError, IndexError) as exc:
+        console.print(f"[red]error:[/red] {exc}", markup=True)
+        return 2
+    return 0
+
+
+def configure_play(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``trace-gym play``."""
+    parser.add_argument("env", help="environment id, e.g. trace_gym/MathCalc-v0")
+    parser.add_argument("--seed", type=int, default=0, help="reset seed (picks the task when no --task-id/--index)")
+    parser.add_argument("--task-id", help="play this task (ids as shown in the header)")
+    parser.add_argument("--index", type=int, help="play the task at this index of the split")
+    parser.add_argument("--split", default="train", choices=["train", "validation", "test"])
+    parser.add_argument("--demo", action="store_true", help="play the env's own demonstration instead of reading turns")
+    parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="constructor keyword argument (VALUE is JSON when it parses), repeatable")
+    parser.set_defaults(func=_run_play)
