@@ -8,3 +8,6 @@ from trace_gym.predictor import PREDICTORS
 
 register = PREDICTORS.register
 names = PREDICTORS.names
+
+# the built-ins register themselves exactly as a user's predictor would
+from trace_gym.predictors import beta, hashed, oracle  # noqa: E402,F401

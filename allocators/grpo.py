@@ -1,0 +1,39 @@
+"""``grpo``: the GRPO baseline. G = ``budget.group_size`` rollouts on each of
+``budget.trajectories // G`` prompts drawn uniformly at random (seeded) from the
+candidates; no branching, no predictor."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from trace_gym.allocator import Allocator, Budget
+from trace_gym.allocators import register
+from trace_gym.forest import Forest
+
+
+@register("grpo")
+class GRPOAllocator(Allocator):
+    """Fixed groups of G on random prompts (GRPO / TRL's GRPOTrainer)."""
+
+    name = "grpo"
+    default_predictor: ClassVar[str | None] = None
+    advantage: ClassVar[str] = "grpo"
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        self.rng = np.random.default_rng(seed)
+
+    def plan_roots(self, forest: Forest, budget: Budget, predictor: Any | None) -> np.ndarray:
+        g = budget.group_size
+        n = min(budget.trajectories // g, forest.n_trees)
+        counts = np.zeros(forest.n_trees, dtype=np.int64)
+        counts[self.rng.choice(forest.n_trees, size=n, replace=False)] = g
+        return counts
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["rng"]

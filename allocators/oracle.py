@@ -1,0 +1,30 @@
+"""``oracle``: TRACE's allocation with the exact success probabilities instead of a
+predictor, the ceiling of what a predictor can bring. It reads ``forest.oracle`` (filled
+by the ContrastLab simulator for every node) and works only where the environment knows
+V(H) exactly."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from trace_gym.allocators import register
+from trace_gym.allocators.trace import TraceAllocator
+from trace_gym.forest import Forest
+
+
+@register("oracle")
+class OracleAllocator(TraceAllocator):
+    """TRACE on the true V(H) (``stage1``/``stage2`` as for ``trace``); ignores the predictor."""
+
+    name = "oracle"
+    default_predictor: ClassVar[str | None] = None
+
+    def values(self, forest: Forest, nodes: np.ndarray, predictor: Any | None) -> np.ndarray:
+        v = forest.oracle[nodes]
+        if np.isnan(v).any():
+            raise ValueError("the oracle allocator needs the true success probability of every node (forest.oracle); "
+                             "only the ContrastLab simulator provides it")
+        forest.pred[nodes] = v
+        return v.astype(np.float64)

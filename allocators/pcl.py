@@ -1,0 +1,45 @@
+"""``pcl``: prompt curriculum by a value model (PCL). The predictor scores every candidate
+prompt; the ``budget.trajectories // G`` prompts whose predicted success is closest to 1/2
+get G = ``budget.group_size`` rollouts each (ties broken at random). No branching."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from trace_gym.allocator import Allocator, Budget
+from trace_gym.allocators import register
+from trace_gym.forest import Forest
+
+
+@register("pcl")
+class PCLAllocator(Allocator):
+    """Groups of G on the prompts predicted nearest to 50% success."""
+
+    name = "pcl"
+    default_predictor: ClassVar[str | None] = "hashed"
+    advantage: ClassVar[str] = "grpo"
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        self.rng = np.random.default_rng(seed)
+
+    def plan_roots(self, forest: Forest, budget: Budget, predictor: Any | None) -> np.ndarray:
+        if predictor is None:
+            raise ValueError("allocator 'pcl' needs a predictor (its value model of the prompt)")
+        roots = forest.root_nodes.astype(np.int64)
+        v = np.asarray(predictor.predict(forest.histories(roots)), dtype=np.float64)
+        forest.pred[roots] = v
+        g = budget.group_size
+        n = min(budget.trajectories // g, forest.n_trees)
+        order = np.lexsort((self.rng.random(v.size), np.abs(v - 0.5)))
+        counts = np.zeros(forest.n_trees, dtype=np.int64)
+        counts[order[:n]] = g
+        return counts
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["rng"]

@@ -1,0 +1,215 @@
+"""The built-in allocators: budgets are never exceeded, and each behaves as documented."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import trace_gym
+from trace_gym.allocator import Budget, add_candidates, allocate_step
+from trace_gym.allocators.knapsack import knapsack_counts, knapsack_value
+from trace_gym.allocators.uniform import uniform_prefixes
+from trace_gym.envs.contrastlab import ContrastLabSim, ContrastLabWorld
+from trace_gym.forest import TERMINAL, Forest
+from trace_gym.solvers import solve_roots
+
+SPECS = [
+    ("grpo", {}), ("uniform", {}), ("trace", {}), ("trace", {"stage1": "uniform"}), ("trace", {"stage2": "uniform"}),
+    ("trace", {"rounds": 3, "k_max": 2}), ("trace", {"scope": "tree"}), ("dapo", {}), ("pcl", {}), ("knapsack", {"n_max": 8}),
+    ("oracle", {}),
+]
+
+
+def _step(world, alloc, budget, predictor, pool=None, seed=0, sim=None):
+    forest = Forest()
+    add_candidates(forest, world.candidates(np.arange(world.n_tasks) if pool is None else pool))
+    sim = sim or ContrastLabSim(world, seed=seed)
+    spend = allocate_step(forest, alloc, budget, predictor, sim.rollout)
+    return forest, spend
+
+
+def _predictor_for(alloc):
+    name = getattr(alloc, "default_predictor", None)
+    return trace_gym.make_predictor(name) if name else None
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    spec=st.sampled_from(SPECS),
+    m=st.integers(1, 160),
+    pool=st.integers(1, 40),
+    difficulty=st.sampled_from(["beta:0.3,0.3", "beta:2,2", "0.5*beta:0.3,3+0.5*beta:3,0.3", "list"]),
+    group=st.integers(1, 10),
+    m_min=st.integers(1, 4),
+    root_fraction=st.floats(0.05, 1.0),
+    seed=st.integers(0, 3),
+)
+def test_no_allocator_overspends(spec, m, pool, difficulty, group, m_min, root_fraction, seed):
+    diff = [0.0, 1.0, 0.5, 0.02] if difficulty == "list" else difficulty
+    world = ContrastLabWorld(pool, n_test=0, difficulty=diff, seed=seed)
+    budget = Budget(m, root_fraction=root_fraction, min_per_prompt=m_min, group_size=group)
+    alloc = trace_gym.make_allocator(spec[0], **spec[1])
+    predictor = _predictor_for(alloc)
+    sim = ContrastLabSim(world, seed=seed)
+    for _ in range(2):  # the second step runs with a trained predictor
+        forest, spend = _step(world, alloc, budget, predictor, sim=sim)
+        assert spend.trajectories <= m
+        assert alloc.spent is spend
+        assert forest.n_trajectories == spend.trajectories == spend.roots + spend.branches
+        assert spend.prompts <= pool
+        if predictor is not None:
+            nodes = np.flatnonzero(((forest.flags & TERMINAL) == 0) & (forest.n_leaves > 0))
+            predictor.update(forest.histories(nodes), forest.value[nodes], forest.n_leaves[nodes].astype(float))
+
+
+@pytest.fixture(scope="module")
+def world():
+    return ContrastLabWorld(96, n_test=0, seed=0)
+
+
+def test_grpo_gives_g_each_to_random_prompts(world):
+    counts = []
+    for seed in (0, 1):
+        alloc = trace_gym.make_allocator("grpo", seed=seed)
+        forest, spend = _step(world, alloc, Budget(100, group_size=8), None)
+        per_tree = forest.n_leaves[forest.root_nodes]
+        assert sorted(set(per_tree.tolist())) == [0, 8] and (per_tree == 8).sum() == 12
+        assert spend.trajectories == 96 and spend.branches == 0
+        counts.append(per_tree)
+    assert not np.array_equal(counts[0], counts[1])
+    small = ContrastLabWorld(5, n_test=0, seed=0)
+    forest, _ = _step(small, trace_gym.make_allocator("grpo"), Budget(100, group_size=8), None)
+    assert forest.n_leaves[forest.root_nodes].tolist() == [8] * 5
+
+
+def test_uniform_spreads_evenly(world):
+    alloc = trace_gym.make_allocator("uniform", seed=0)
+    forest, spend = _step(world, alloc, Budget(200, root_fraction=0.5, min_per_prompt=2), None)
+    roots = forest.root_nodes
+    bare = np.bincount(forest.tree[forest.traj_origin[forest.parent[forest.traj_origin] < 0]], minlength=96)
+    assert (bare > 0).sum() == 50 and set(bare[bare > 0].tolist()) == {2}
+    assert spend.roots == 100 and spend.branches == 100
+    # stage 2 alone: continuations differ by at most one between prefixes
+    f2 = Forest()
+    add_candidates(f2, world.candidates(np.arange(8)))
+    ContrastLabSim(world).rollout(f2, np.repeat(f2.root_nodes.astype(np.int64), 2))
+    f2.backup()
+    plan = uniform_prefixes(f2, 37, np.random.default_rng(0))
+    ks = dict(plan)
+    per = [ks.get(int(n), 0) for n in f2.branchable()]
+    assert sum(per) == 37 and max(per) - min(per) <= 1
+    assert len(roots) == 96
+
+
+def test_trace_ablation_switches_change_behaviour(world):
+    budget = Budget(256)
+    oracle = trace_gym.make_predictor("oracle")
+    uni = trace_gym.make_allocator("uniform", seed=3)
+    f_uni, _ = _step(world, uni, budget, None, seed=1)
+    # stage1=uniform: the same roots as the uniform allocator, whatever the predictor says
+    t_u = trace_gym.make_allocator("trace", stage1="uniform", stage2="uniform", seed=3)
+    f_tu, _ = _step(world, t_u, budget, oracle, seed=1)
+    assert np.array_equal(f_tu.n_leaves[f_tu.root_nodes], f_uni.n_leaves[f_uni.root_nodes])
+    # stage1=active: exactly the stage-1 solver on the predictions, written to forest.pred
+    t_a = trace_gym.make_allocator("trace", stage2="uniform")
+    f_ta, spend = _step(world, t_a, budget, oracle, seed=1)
+    v = f_ta.oracle[f_ta.root_nodes]
+    bare = np.bincount(f_ta.tree[f_ta.traj_origin[f_ta.parent[f_ta.traj_origin] < 0]], minlength=96)
+    assert np.array_equal(bare, solve_roots(v, budget.root_trajectories, 2))
+    assert np.allclose(f_ta.pred[f_ta.root_nodes], v)
+    # stage2=active: continuations only from prefixes whose subtree was pure
+    t_aa = trace_gym.make_allocator("trace")
+    forest = Forest()
+    add_candidates(forest, world.candidates(np.arange(96)))
+    sim = ContrastLabSim(world, seed=1)
+    seen = []
+
+    def rollout(f, origins):
+        if f.n_trajectories:  # stage 2: record the state of every origin before it is extended
+            seen.append((origins.copy(), f.leaf_min[origins].copy(), f.leaf_max[origins].copy()))
+        sim.rollout(f, origins)
+
+    allocate_step(forest, t_aa, budget, oracle, rollout)
+    origins, lo, hi = seen[0]
+    assert np.all(lo == hi)
+    # active beats uniform on the contrast it targets, over a few steps with the true values
+    mixed = {}
+    for name, kw in (("active", {}), ("uniform", {"stage2": "uniform"})):
+        alloc = trace_gym.make_allocator("trace", **kw)
+        sim = ContrastLabSim(world, seed=5)
+        rates = []
+        for _ in range(4):
+            f, _ = _step(world, alloc, budget, oracle, sim=sim)
+            rates.append(f.effective_sample_ratio(f.advantages("trace"))[0])
+        mixed[name] = np.mean(rates)
+    assert mixed["active"] > mixed["uniform"] + 0.05
+    with pytest.raises(ValueError, match="stage1"):
+        trace_gym.make_allocator("trace", stage1="greedy")
+    with pytest.raises(ValueError, match="needs a predictor"):
+        _step(world, trace_gym.make_allocator("trace"), budget, None)
+
+
+def test_oracle_allocator_needs_true_values(world):
+    forest = Forest()
+    forest.add_root("x", "a prompt without a known value")
+    with pytest.raises(ValueError, match="ContrastLab"):
+        allocate_step(forest, trace_gym.make_allocator("oracle"), Budget(8), None, lambda f, o: None)
+    f, spend = _step(world, trace_gym.make_allocator("oracle"), Budget(256), None)
+    assert spend.trajectories == 256 and spend.branches > 0
+
+
+def test_dapo_keeps_only_mixed_groups_and_resamples(world):
+    alloc = trace_gym.make_allocator("dapo", seed=0)
+    budget = Budget(512, group_size=8)  # batch of B = 32 groups
+    forest, spend = _step(world, alloc, budget, None)
+    roots = forest.root_nodes
+    sampled = forest.n_leaves[roots] > 0
+    mixed = forest.leaf_min[roots] < forest.leaf_max[roots]
+    assert np.array_equal(alloc.kept, sampled & mixed)
+    assert not np.any(alloc.kept & ~mixed)
+    assert sampled.sum() > 32  # all-equal groups were replaced by fresh prompts
+    fresh_left = (~sampled).sum() > 0 and budget.trajectories - spend.trajectories >= 8
+    assert alloc.kept.sum() == 32 or not fresh_left
+    # a world where every group is all-equal: DAPO re-samples until budget or prompts run out, keeps nothing
+    solved = ContrastLabWorld(40, n_test=0, difficulty=[0.0, 1.0], seed=0)
+    alloc = trace_gym.make_allocator("dapo")
+    forest, spend = _step(solved, alloc, Budget(200, group_size=8), None)
+    assert spend.trajectories == 200 // 8 * 8 and not alloc.kept.any()
+
+
+def test_pcl_picks_prompts_nearest_one_half(world):
+    alloc = trace_gym.make_allocator("pcl")
+    forest, _ = _step(world, alloc, Budget(128, group_size=8), trace_gym.make_predictor("oracle"))
+    v = forest.oracle[forest.root_nodes]
+    chosen = forest.n_leaves[forest.root_nodes] > 0
+    assert chosen.sum() == 16
+    assert np.abs(v[chosen] - 0.5).max() <= np.abs(v[~chosen] - 0.5).min()
+    assert set(forest.n_leaves[forest.root_nodes][chosen].tolist()) == {8}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_knapsack_dp_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    n, budget, n_max = int(rng.integers(1, 5)), int(rng.integers(0, 9)), int(rng.integers(1, 5))
+    p = rng.random(n)
+    if seed == 0:
+        p[0] = 1 / 3  # the InfoGain weight's maximum
+    counts = knapsack_counts(p, budget, n_max)
+    assert counts.sum() <= budget and counts.max(initial=0) <= n_max
+    best = max(
+        knapsack_value(p, np.array(c)).sum()
+        for c in itertools.product(range(min(n_max, budget) + 1), repeat=n) if sum(c) <= budget
+    )
+    assert knapsack_value(p, counts).sum() == pytest.approx(best, abs=1e-12)
+
+
+def test_knapsack_allocator_spends_the_budget_on_uncertain_prompts(world):
+    alloc = trace_gym.make_allocator("knapsack")
+    forest, spend = _step(world, alloc, Budget(300), trace_gym.make_predictor("oracle"))
+    assert spend.trajectories == 300 and spend.branches == 0
+    v = forest.oracle[forest.root_nodes]
+    n = forest.n_leaves[forest.root_nodes]
+    assert n[(v > 0.1) & (v < 0.6)].mean() > n[(v < 0.01) | (v > 0.99)].mean()

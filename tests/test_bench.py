@@ -1,0 +1,68 @@
+"""``trace-gym bench allocators``: the CLI, its JSON schema and its error messages."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trace_gym.bench import BenchConfig, parse_allocator, run_bench
+from trace_gym.cli import main
+
+
+def test_bench_cli_writes_the_documented_json(tmp_path, capsys):
+    path = tmp_path / "out" / "bench.json"
+    code = main(["bench", "allocators", "--allocators", "grpo,trace,trace:stage1=uniform,oracle", "--steps", "3",
+                 "--pool", "32", "--budget", "64", "--tasks", "64", "--seed", "1", "--quiet", "--json", str(path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "trace:stage1=uniform" in out and "eff. ratio" in out
+    data = json.loads(path.read_text())
+    assert set(data) == {"config", "allocators"}
+    assert data["config"]["steps"] == 3 and data["config"]["budget"] == 64 and data["config"]["seed"] == 1
+    assert list(data["allocators"]) == ["grpo", "trace", "trace:stage1=uniform", "oracle"]
+    for name, figs in data["allocators"].items():
+        assert {"effective_ratio", "effective_sample_ratio", "trajectories", "tokens", "brier", "auc", "ms_per_step"} <= set(figs)
+        assert 0 <= figs["effective_ratio"] <= 1
+        esr = figs["effective_sample_ratio"]
+        assert 0 <= esr["trajectories"] <= 1 and 0 <= esr["tokens"] <= 1 and esr["advantage"] == "grpo"
+        assert 0 < figs["trajectories"] <= 64 and figs["tokens"] > 0 and figs["ms_per_step"] >= 0
+    assert data["allocators"]["grpo"]["brier"] is None  # grpo predicts nothing
+    assert 0 <= data["allocators"]["trace"]["brier"] <= 1 and 0 <= data["allocators"]["trace"]["auc"] <= 1
+
+
+def test_bench_is_deterministic_and_equal_budget():
+    cfg = BenchConfig(allocators=["uniform", "pcl"], steps=2, pool=16, budget=40, tasks=32, seed=3)
+    a, b = run_bench(cfg), run_bench(cfg)
+    for name in ("uniform", "pcl"):
+        fa, fb = dict(a["allocators"][name]), dict(b["allocators"][name])
+        for k in ("ms_per_step", "predictor_update_ms"):
+            fa.pop(k), fb.pop(k)
+        assert fa == fb
+        assert fa["trajectories"] <= 40
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--difficulty", "beta:1"], "beta needs two parameters"),
+    (["--difficulty", "0.3*beta:1,1+0.3*beta:2,2"], "sum to 0.6"),
+    (["--allocators", "trac"], "did you mean 'trace'"),
+    (["--allocators", "trace:stage1"], "key=value"),
+    (["--pool", "100", "--tasks", "50"], "cannot exceed --tasks"),
+    (["--advantage", "grpoo"], "unknown advantage estimator"),
+])
+def test_bench_cli_names_bad_input(argv, needle, capsys):
+    assert main(["bench", "allocators", "--steps", "1", "--quiet", *argv]) == 2
+    assert needle in capsys.readouterr().out
+
+
+def test_parse_allocator_options():
+    assert parse_allocator("trace:stage1=uniform:k_max=4") == ("trace", {"stage1": "uniform", "k_max": 4})
+    assert parse_allocator("grpo") == ("grpo", {})
+
+
+def test_difficulty_file_is_accepted(tmp_path):
+    path = tmp_path / "p.txt"
+    path.write_text("\n".join(["0.5", "0.05", "0.95"] * 10))
+    result = run_bench(BenchConfig(allocators=["grpo"], difficulty=str(path), steps=1, pool=16, budget=32, tasks=30))
+    assert result["config"]["difficulty"] == str(path)
+    assert 0 < result["allocators"]["grpo"]["effective_ratio"] < 1

@@ -1,0 +1,32 @@
+"""``oracle``: returns the environment's exact success probability (``History.oracle``).
+
+Only environments that know V(H) exactly (ContrastLab) fill ``History.oracle``; on any
+other history the oracle raises. It learns nothing. Use it for ceilings and tests.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from trace_gym.forest import History
+from trace_gym.predictor import Predictor
+from trace_gym.predictors import register
+
+
+@register("oracle")
+class OraclePredictor(Predictor):
+    """``predict`` returns ``History.oracle``; raises ``ValueError`` where it is NaN."""
+
+    name = "oracle"
+
+    def predict(self, histories: Sequence[History]) -> np.ndarray:
+        v = np.array([h.oracle for h in histories], dtype=np.float64)
+        if np.isnan(v).any():
+            raise ValueError("the oracle predictor needs histories with a known success probability "
+                             "(History.oracle); only the ContrastLab simulator provides it")
+        return v
+
+    def update(self, histories: Sequence[History], targets: np.ndarray, weights: np.ndarray | None = None) -> None:
+        """Nothing to learn."""
