@@ -28,3 +28,7 @@ class OracleAllocator(TraceAllocator):
                              "only the ContrastLab simulator provides it")
         forest.pred[nodes] = v
         return v.astype(np.float64)
+
+    def beliefs(self, forest: Forest, nodes: np.ndarray, predictor: Any | None) -> tuple[np.ndarray, None]:
+        """The exact values, with no uncertainty (whatever predictor is passed)."""
+        return self.values(forest, nodes, predictor), None

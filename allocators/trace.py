@@ -22,12 +22,42 @@ the tree-aware advantage uses).
 Either stage set to ``"uniform"`` uses the :mod:`uniform <trace_gym.allocators.uniform>`
 allocator's rule instead: that is the ablation grid. Predictions are written to
 ``forest.pred`` so that their calibration can be measured later.
+
+**Stage 1 under uncertainty (ours, on by default).** A predictor is a belief, not the
+truth: for a prompt predicted at ``v = 0.5`` it matters whether the predictor *knows* the
+prompt succeeds half the time or merely cannot tell an easy prompt from a hard one (on a
+bimodal difficulty distribution the second is the usual case, and ``V_root`` at the point
+estimate overrates such prompts most). When the predictor offers a predictive
+distribution (``predictor.predict_beta(histories) -> (mean, concentration)``, a Beta per
+history, as :class:`~trace_gym.predictors.hashed.HashedPredictor` does for roots), stage 1
+maximises the *expected* number of mixed groups under it,
+
+    E[V_root(p, m)] = 1 - P(m successes) - P(m failures),   p ~ Beta(c v, c (1 - v)),
+
+the beta-binomial probability that ``m`` rollouts are mixed (``c = inf`` gives back
+``V_root(v, m)``). Its gains are non-increasing after the first unit too, but prompts no
+longer share one ordering, so :func:`solve_roots_beta` solves it exactly by dynamic
+programming over the budget. ``uncertainty=False``, or a predictor without
+``predict_beta`` (``beta``, ``oracle``, ``lm``), gives the point-estimate stage 1 of the
+paper. Stage 2 always uses point estimates: a Beta predictive for the roots among the
+stage-2 candidates (a pure tree's root, updated with its own leaves) was tried and changed
+nothing measurable on ContrastLab.
+
+Tried on ContrastLab's reference workload and not kept (effective ratio, mean of seeds
+0-2, against 63% for the default): Thompson sampling in stage 1 (plan on one draw from
+each prompt's Beta: 55%, it explores prompts that are almost surely all-or-nothing);
+updating a copy of the predictor with the stage-1 outcomes before planning stage 2
+(59%: the candidates are then scored by a model just fitted to their own outcomes,
+which pulls V(H) towards the observed ``r`` that ``V_pref`` already conditions on);
+``rounds=4`` (60%).
 """
 
 from __future__ import annotations
 
+import operator
 from typing import Any, ClassVar
 
+import numba as nb
 import numpy as np
 
 from trace_gym.allocator import Allocator, Budget
@@ -37,6 +67,107 @@ from trace_gym.forest import TERMINAL, Forest
 from trace_gym.solvers import solve_prefixes, solve_roots
 
 STAGES = ("uniform", "active")
+
+
+def v_root_beta(mean: np.ndarray, concentration: np.ndarray, m_max: int) -> np.ndarray:
+    """``out[i, m]`` for ``m = 0..m_max``: the probability that ``m`` rollouts of prompt ``i``
+    are mixed when its success probability is ``Beta(c v, c (1 - v))`` with ``v = mean[i]``
+    and ``c = concentration[i]`` (``inf``: exactly ``v``, i.e. ``V_root(v, m)``)."""
+    v = np.clip(np.asarray(mean, dtype=np.float64), 0.0, 1.0)
+    c = np.asarray(concentration, dtype=np.float64)
+    if v.shape != c.shape or v.ndim != 1:
+        raise ValueError(f"mean and concentration must be 1-d of one length, got {v.shape} and {c.shape}")
+    if np.any(~(c > 0)):
+        raise ValueError("concentrations must be positive (inf for a point estimate)")
+    j = np.arange(max(int(m_max), 0), dtype=np.float64)[None, :]
+    point = np.isinf(c)
+    cc = np.where(point, 1.0, c)[:, None]
+    a, b = v[:, None] * cc, (1.0 - v[:, None]) * cc
+    # P(first m all succeed) = prod_{j<m} (a + j) / (c + j); for c = inf it is v^m
+    all_s = np.where(point[:, None], v[:, None] ** (j + 1), np.cumprod((a + j) / (cc + j), axis=1))
+    all_f = np.where(point[:, None], (1.0 - v[:, None]) ** (j + 1), np.cumprod((b + j) / (cc + j), axis=1))
+    out = np.zeros((v.size, j.shape[1] + 1))
+    out[:, 1:] = np.clip(1.0 - all_s - all_f, 0.0, 1.0)
+    return out
+
+
+@nb.njit(cache=True, nogil=True)
+def _solve_table_kernel(value, budget, m_min):
+    """Exact DP: counts ``m_i`` in ``{0} u [m_min, width-1]`` with ``sum m_i <= budget``
+    maximising ``sum value[i, m_i]``; among optima the one spending the most units, then
+    (per prompt, last to first) the larger count. Returns the counts."""
+    n, width = value.shape
+    best = np.zeros(budget + 1)  # best[c]: optimum of the prompts so far with at most c units
+    used = np.zeros(budget + 1, dtype=np.int64)  # units that optimum spends
+    new_best = np.empty(budget + 1)
+    new_used = np.empty(budget + 1, dtype=np.int64)
+    choice = np.zeros((n, budget + 1), dtype=np.int32)
+    for i in range(n):
+        for c in range(budget + 1):
+            top, top_used, arg = best[c], used[c], 0
+            for m in range(m_min, min(width - 1, c) + 1):
+                x = best[c - m] + value[i, m]
+                u = used[c - m] + m
+                # a relative tolerance keeps float noise from deciding between equal optima
+                if x > top + 1e-12 * (1.0 + abs(top)) or (x >= top - 1e-12 * (1.0 + abs(top)) and u >= top_used):
+                    top, top_used, arg = x, u, m
+            new_best[c], new_used[c], choice[i, c] = top, top_used, arg
+        best[:] = new_best
+        used[:] = new_used
+    out = np.zeros(n, dtype=np.int64)
+    c = budget
+    for i in range(n - 1, -1, -1):
+        out[i] = choice[i, c]
+        c -= out[i]
+    return out
+
+
+def solve_roots_beta(mean: np.ndarray, concentration: np.ndarray, budget: int, m_min: int = 2,
+                     m_max: int = 0) -> np.ndarray:
+    """Stage 1 under uncertainty: rollouts per prompt maximising the expected number of
+    mixed groups, ``sum_i v_root_beta(mean_i, concentration_i)[m_i]``, with every ``m_i`` in
+    ``{0} u [m_min, m_max]`` and ``sum m_i <= budget`` (``m_max <= 0``: no cap).
+
+    Exact dynamic programming over the budget, O(prompts x budget x cap). Without a cap the
+    DP runs with the smallest cap no optimal solution can exceed: at most ``budget // m_min``
+    prompts are active, so when there are more prompts some prompt ``j`` with
+    ``f_j(m_min) >= F`` (the ``budget // m_min + 1``-th largest ``f(m_min)``) is idle, and
+    moving the last ``m_min`` units of a prompt holding ``m >= 2 m_min`` to it must not pay;
+    the gains ``g(k)`` being non-increasing for ``k > m_min``, that gives
+    ``g(m - m_min + 1) >= F / m_min``, which bounds ``m``. Without idle prompts the cap is
+    the budget. Among optimal allocations the DP prefers the one spending the most units.
+    """
+    budget = operator.index(budget)
+    m_min, m_max = operator.index(m_min), operator.index(m_max)
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    if m_min < 1:
+        raise ValueError(f"m_min must be >= 1, got {m_min}")
+    if m_max > 0 and m_max < m_min:
+        raise ValueError(f"m_max ({m_max}) must be 0 (no cap) or at least m_min ({m_min})")
+    mean = np.asarray(mean, dtype=np.float64)
+    if mean.size == 0 or budget < m_min:
+        v_root_beta(mean, concentration, 0)  # still validates the input
+        return np.zeros(mean.size, dtype=np.int64)
+    limit = min(m_max, budget) if m_max > 0 else budget
+    cap = limit
+    active = budget // m_min
+    if m_max <= 0 and mean.size > active:
+        first = v_root_beta(mean, concentration, m_min)[:, m_min]
+        tau = np.partition(first, mean.size - active - 1)[mean.size - active - 1] / m_min
+        width = min(limit, max(32, 2 * m_min))
+        while tau > 0.0 and width < limit:
+            gains = np.diff(v_root_beta(mean, concentration, width), axis=1)[:, m_min:]  # units m_min+1 .. width
+            if np.any(gains[:, -1] >= tau):  # some prompt may still want more: look further
+                width = min(2 * width, limit)
+                continue
+            above = gains >= tau
+            # k*: the last unit whose gain reaches tau (gains fall with k, so the units reaching it come first)
+            k_star = np.where(above.any(axis=1), m_min + above.shape[1] - np.argmax(above[:, ::-1], axis=1), m_min)
+            cap = min(limit, max(2 * m_min - 1, int(k_star.max()) + m_min - 1))
+            break
+    table = v_root_beta(mean, concentration, cap)
+    return _solve_table_kernel(np.ascontiguousarray(table), int(budget), int(m_min))
 
 
 @register("trace")
@@ -50,6 +181,9 @@ class TraceAllocator(Allocator):
             with the outcomes seen so far (1: the paper's single greedy pass).
         scope: ``"subtree"`` (the paper: every pure prefix is a candidate) or ``"tree"``
             (only prefixes of trees not yet mixed).
+        uncertainty: stage 1 maximises the expected number of mixed groups under the
+            predictor's predictive distribution when it offers one (``predict_beta``);
+            False: at its point estimate, as in the paper.
         seed: seeds the uniform stages.
     """
 
@@ -58,7 +192,7 @@ class TraceAllocator(Allocator):
     advantage: ClassVar[str] = "trace"
 
     def __init__(self, stage1: str = "active", stage2: str = "active", k_max: int = 0, rounds: int = 1,
-                 scope: str = "subtree", seed: int = 0):
+                 scope: str = "subtree", uncertainty: bool = True, seed: int = 0):
         super().__init__()
         for label, stage in (("stage1", stage1), ("stage2", stage2)):
             if stage not in STAGES:
@@ -71,6 +205,7 @@ class TraceAllocator(Allocator):
             raise ValueError(f"scope must be 'subtree' or 'tree', got {scope!r}")
         self.stage1, self.stage2, self.scope = stage1, stage2, scope
         self.k_max, self.rounds = int(k_max), int(rounds)
+        self.uncertainty = bool(uncertainty)
         self._round = 0  # stage-2 rounds played in the current step
         self.rng = np.random.default_rng(seed)
 
@@ -83,12 +218,26 @@ class TraceAllocator(Allocator):
         forest.pred[nodes] = v
         return v
 
+    def beliefs(self, forest: Forest, nodes: np.ndarray, predictor: Any | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(mean, concentration)`` of V(H) for ``nodes``: the predictor's Beta predictive
+        distribution where it offers one and ``uncertainty`` is on, else ``(values, None)``
+        (point estimates). The mean is stored in ``forest.pred``."""
+        beta = getattr(predictor, "predict_beta", None) if self.uncertainty else None
+        if beta is None:
+            return self.values(forest, nodes, predictor), None
+        mean, conc = beta(forest.histories(nodes))
+        mean = np.clip(np.asarray(mean, dtype=np.float64), 0.0, 1.0)
+        forest.pred[nodes] = mean
+        return mean, np.asarray(conc, dtype=np.float64)
+
     def plan_roots(self, forest: Forest, budget: Budget, predictor: Any | None) -> np.ndarray:
         self._round = 0
         if self.stage1 == "uniform":
             return uniform_roots(forest.n_trees, budget, self.rng)
-        v = self.values(forest, forest.root_nodes.astype(np.int64), predictor)
-        return solve_roots(v, budget.root_trajectories, budget.min_per_prompt, budget.max_per_prompt or 0)
+        v, conc = self.beliefs(forest, forest.root_nodes.astype(np.int64), predictor)
+        if conc is None or np.all(np.isinf(conc)):
+            return solve_roots(v, budget.root_trajectories, budget.min_per_prompt, budget.max_per_prompt or 0)
+        return solve_roots_beta(v, conc, budget.root_trajectories, budget.min_per_prompt, budget.max_per_prompt or 0)
 
     def plan_prefixes(self, forest: Forest, budget: Budget, remaining: int, predictor: Any | None) -> list[tuple[int, int]]:
         if self.stage2 == "uniform":

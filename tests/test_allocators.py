@@ -11,14 +11,16 @@ from hypothesis import given, settings, strategies as st
 import trace_gym
 from trace_gym.allocator import Budget, add_candidates, allocate_step
 from trace_gym.allocators.knapsack import knapsack_counts, knapsack_value
+from trace_gym.allocators.trace import solve_roots_beta, v_root_beta
 from trace_gym.allocators.uniform import uniform_prefixes
 from trace_gym.envs.contrastlab import ContrastLabSim, ContrastLabWorld
 from trace_gym.forest import TERMINAL, Forest
-from trace_gym.solvers import solve_roots
+from trace_gym.solvers import solve_roots, v_root
 
 SPECS = [
     ("grpo", {}), ("uniform", {}), ("trace", {}), ("trace", {"stage1": "uniform"}), ("trace", {"stage2": "uniform"}),
-    ("trace", {"rounds": 3, "k_max": 2}), ("trace", {"scope": "tree"}), ("dapo", {}), ("pcl", {}), ("knapsack", {"n_max": 8}),
+    ("trace", {"rounds": 3, "k_max": 2}), ("trace", {"scope": "tree"}), ("trace", {"uncertainty": False}), ("dapo", {}),
+    ("pcl", {}), ("knapsack", {"n_max": 8}),
     ("oracle", {}),
 ]
 
@@ -213,3 +215,105 @@ def test_knapsack_allocator_spends_the_budget_on_uncertain_prompts(world):
     v = forest.oracle[forest.root_nodes]
     n = forest.n_leaves[forest.root_nodes]
     assert n[(v > 0.1) & (v < 0.6)].mean() > n[(v < 0.01) | (v > 0.99)].mean()
+
+
+# ----------------------------------------------------------------------------- trace: stage 1 under uncertainty
+
+
+def test_v_root_beta_is_the_beta_binomial_mixing_probability():
+    from math import lgamma
+
+    def log_beta(x, y):
+        return lgamma(x) + lgamma(y) - lgamma(x + y)
+
+    mean, conc = np.array([0.5, 0.1, 0.93, 0.3]), np.array([1.0, 0.4, 7.0, np.inf])
+    table = v_root_beta(mean, conc, 6)
+    assert table.shape == (4, 7) and np.all(table[:, :2] == 0.0)
+    for i in range(3):
+        a, b = mean[i] * conc[i], (1 - mean[i]) * conc[i]
+        for m in range(1, 7):
+            pure = np.exp(log_beta(a + m, b) - log_beta(a, b)) + np.exp(log_beta(a, b + m) - log_beta(a, b))
+            assert table[i, m] == pytest.approx(1.0 - pure, abs=1e-12)
+    assert table[3].tolist() == pytest.approx(v_root(0.3, np.arange(7)).tolist())  # inf: the point estimate
+    # uncertainty about v lowers the chance of a mixed group at every m >= 2
+    t = v_root_beta(np.full(3, 0.5), np.array([0.5, 5.0, np.inf]), 8)
+    assert np.all(t[0, 2:] < t[1, 2:]) and np.all(t[1, 2:] < t[2, 2:])
+    with pytest.raises(ValueError, match="positive"):
+        v_root_beta(np.array([0.5]), np.array([0.0]), 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 4),
+    budget=st.integers(0, 10),
+    m_min=st.integers(1, 3),
+    m_max=st.sampled_from([0, 3, 5]),
+    seed=st.integers(0, 10_000),
+)
+def test_solve_roots_beta_is_optimal_on_small_instances(n, budget, m_min, m_max, seed):
+    if 0 < m_max < m_min:
+        m_max = m_min
+    rng = np.random.default_rng(seed)
+    mean = rng.random(n)
+    conc = np.where(rng.random(n) < 0.25, np.inf, rng.exponential(3.0, n) + 0.05)
+    counts = solve_roots_beta(mean, conc, budget, m_min, m_max)
+    cap = min(m_max, budget) if m_max > 0 else budget
+    assert counts.sum() <= budget and np.all((counts == 0) | ((counts >= m_min) & (counts <= cap)))
+    table = v_root_beta(mean, conc, max(cap, 1))
+    choices = [0] + list(range(m_min, cap + 1))
+    best = max(sum(table[i, c[i]] for i in range(n)) for c in itertools.product(choices, repeat=n) if sum(c) <= budget)
+    assert sum(table[i, counts[i]] for i in range(n)) == pytest.approx(best, abs=1e-12)
+    # with point estimates it reaches the optimum of the paper's stage-1 solver
+    point = solve_roots_beta(mean, np.full(n, np.inf), budget, m_min, m_max)
+    exact = solve_roots(mean, budget, m_min, m_max)
+    assert v_root(mean, point).sum() == pytest.approx(v_root(mean, exact).sum(), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_solve_roots_beta_cap_bound_loses_nothing(seed):
+    # many near-hopeless prompts and a few very uncertain ones, whose gains fall slowly: the
+    # bounded cap must reach the optimum of the DP whose cap is the whole budget
+    rng = np.random.default_rng(seed)
+    n, budget = 150, 200
+    mean = np.where(rng.random(n) < 0.1, rng.uniform(0.3, 0.7, n), rng.uniform(0.0005, 0.01, n))
+    conc = np.where(mean > 0.1, rng.uniform(0.05, 0.5, n), np.where(rng.random(n) < 0.5, np.inf, 50.0))
+    fast = solve_roots_beta(mean, conc, budget)
+    full = solve_roots_beta(mean, conc, budget, m_max=budget)
+    table = v_root_beta(mean, conc, budget)
+    assert table[np.arange(n), fast].sum() == pytest.approx(table[np.arange(n), full].sum(), abs=1e-12)
+    assert fast.sum() == budget
+
+
+def test_solve_roots_beta_raises_its_cap_when_the_solution_needs_it():
+    # one uncertain prompt and a large budget: every unit goes to it, far beyond the first cap of 32
+    assert solve_roots_beta(np.array([0.5]), np.array([1.0]), 100).tolist() == [100]
+    assert solve_roots_beta(np.array([0.5]), np.array([1.0]), 100, m_max=40).tolist() == [40]
+    assert solve_roots_beta(np.array([0.5, 0.5]), np.array([1.0, 1.0]), 1).tolist() == [0, 0]  # below m_min
+    with pytest.raises(ValueError, match="m_max"):
+        solve_roots_beta(np.array([0.5]), np.array([1.0]), 10, m_min=3, m_max=2)
+
+
+def test_trace_stage1_plans_on_the_predictive_distribution(world):
+    budget = Budget(256)
+    hashed = trace_gym.make_predictor("hashed", bits=14)
+    sim = ContrastLabSim(world, seed=2)
+    for _ in range(2):  # train the predictor so the roots have counts
+        forest, _ = _step(world, trace_gym.make_allocator("uniform", seed=1), budget, None, sim=sim)
+        nodes = np.flatnonzero(((forest.flags & TERMINAL) == 0) & (forest.n_leaves > 0))
+        hashed.update(forest.histories(nodes), forest.value[nodes], forest.n_leaves[nodes].astype(float))
+    plans = {}
+    for uncertainty in (True, False):
+        alloc = trace_gym.make_allocator("trace", stage2="uniform", uncertainty=uncertainty)
+        f, _ = _step(world, alloc, budget, hashed, seed=4)
+        plans[uncertainty] = np.bincount(f.tree[f.traj_origin[f.parent[f.traj_origin] < 0]], minlength=world.n_tasks)
+        mean, conc = hashed.predict_beta(f.histories(f.root_nodes))
+        assert np.allclose(f.pred[f.root_nodes], mean)
+    assert np.isfinite(conc).all()
+    assert np.array_equal(plans[True], solve_roots_beta(mean, conc, budget.root_trajectories, 2))
+    assert np.array_equal(plans[False], solve_roots(mean, budget.root_trajectories, 2))
+    assert not np.array_equal(plans[True], plans[False])
+    # the oracle allocator plans on the exact values whatever predictor it is handed
+    f, _ = _step(world, trace_gym.make_allocator("oracle", stage2="uniform"), budget, hashed, seed=4)
+    v = f.oracle[f.root_nodes]
+    bare = np.bincount(f.tree[f.traj_origin[f.parent[f.traj_origin] < 0]], minlength=world.n_tasks)
+    assert np.array_equal(bare, solve_roots(v, budget.root_trajectories, 2)) and np.allclose(f.pred[f.root_nodes], v)

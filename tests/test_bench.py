@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trace_gym.bench import BenchConfig, parse_allocator, run_bench
+from trace_gym.bench import BenchConfig, parse_allocator, parse_predictor, run_bench
 from trace_gym.cli import main
 
 
@@ -49,6 +49,10 @@ def test_bench_is_deterministic_and_equal_budget():
     (["--allocators", "trace:stage1"], "key=value"),
     (["--pool", "100", "--tasks", "50"], "cannot exceed --tasks"),
     (["--advantage", "grpoo"], "unknown advantage estimator"),
+    (["--predictor", "hashed:lr"], "key=value"),
+    (["--predictor", "hashed:foo=1"], "unknown option 'foo'"),
+    (["--predictor", "hashd"], "did you mean 'hashed'"),
+    (["--allocators", "knapsack:predictor=bta"], "did you mean 'beta'"),
 ])
 def test_bench_cli_names_bad_input(argv, needle, capsys):
     assert main(["bench", "allocators", "--steps", "1", "--quiet", *argv]) == 2
@@ -58,6 +62,19 @@ def test_bench_cli_names_bad_input(argv, needle, capsys):
 def test_parse_allocator_options():
     assert parse_allocator("trace:stage1=uniform:k_max=4") == ("trace", {"stage1": "uniform", "k_max": 4})
     assert parse_allocator("grpo") == ("grpo", {})
+    assert parse_allocator("knapsack:predictor=hashed") == ("knapsack", {"predictor": "hashed"})
+    assert parse_predictor("hashed:lr=0.03:counts=false") == ("hashed", {"lr": 0.03, "counts": False})
+
+
+def test_bench_predictor_choices_reach_the_allocators():
+    cfg = BenchConfig(allocators=["knapsack", "knapsack:predictor=hashed", "pcl"], steps=2, pool=16, budget=40, tasks=32,
+                      predictor="hashed:counts=false")
+    res = run_bench(cfg)["allocators"]
+    # --predictor replaces each allocator's own; an allocator's predictor= option wins over both
+    assert res["knapsack"]["predictor"] == "hashed:counts=false" and res["pcl"]["predictor"] == "hashed:counts=false"
+    assert res["knapsack:predictor=hashed"]["predictor"] == "hashed"
+    assert res["knapsack"]["effective_ratio"] != res["knapsack:predictor=hashed"]["effective_ratio"] or \
+        res["knapsack"]["brier"] != res["knapsack:predictor=hashed"]["brier"]
 
 
 def test_difficulty_file_is_accepted(tmp_path):

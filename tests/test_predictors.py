@@ -138,3 +138,97 @@ def test_hashed_state_round_trip_and_bad_targets():
         h.update(hist, np.array([2.0, 0.0]))
     with pytest.raises(ValueError, match="bits"):
         trace_gym.make_predictor("hashed", bits=30)
+
+
+# ----------------------------------------------------------------------------- hashed: empirical-Bayes root counts
+
+
+def _root(task, prompt="a job"):
+    return History(task, prompt, max_turns=3)
+
+
+def _child(task, prompt="a job", step="progress"):
+    return History(task, prompt, steps=(step,), max_turns=3)
+
+
+def test_hashed_root_counts_by_hand():
+    h = trace_gym.make_predictor("hashed", bits=12, prior_strength=3.0)
+    a, b = _root("t/a"), _root("t/b")
+    # a's tree: V_hat 0.75 over 8 leaves, from 4 bare rollouts (4 depth-1 children): evidence 4, not 8
+    hist = [a, *[_child("t/a", step=f"s{k}") for k in range(4)]]
+    m_before = h.predict_shared([a])[0]
+    h.update(hist, np.array([0.75, 1.0, 1.0, 0.5, 0.5]), np.array([8.0, 2, 2, 2, 2]))
+    m = h.predict_shared([a, b])
+    mean, conc = h.predict_beta([a, b, _child("t/a")])
+    assert mean[0] == pytest.approx((3.0 * m[0] + 3.0) / (3.0 + 4.0))
+    assert conc[:2].tolist() == [7.0, 3.0] and np.isinf(conc[2])
+    assert mean[1] == pytest.approx(m[1])  # an unseen prompt: the shared model's prediction
+    assert mean[2] == pytest.approx(h.predict_shared([_child("t/a")])[0])  # inner nodes: the shared model alone
+    assert h.predict([a, b]).tolist() == pytest.approx(mean[:2].tolist())
+    assert m_before == pytest.approx(0.5)
+    # a root without children in the batch counts with its weight
+    h.update([b], np.array([0.0]), np.array([2.0]))
+    mean, conc = h.predict_beta([b])
+    assert conc[0] == 5.0 and mean[0] == pytest.approx(3.0 * h.predict_shared([b])[0] / 5.0)
+    # off: the plain shared model, point estimates everywhere
+    plain = trace_gym.make_predictor("hashed", bits=12, counts=False)
+    plain.update(hist, np.array([0.75, 1.0, 1.0, 0.5, 0.5]), np.array([8.0, 2, 2, 2, 2]))
+    mean, conc = plain.predict_beta([a])
+    assert np.isinf(conc).all() and mean[0] == pytest.approx(plain.predict_shared([a])[0])
+
+
+def test_hashed_count_decay_forgets_old_outcomes():
+    h = trace_gym.make_predictor("hashed", bits=12, prior_strength=1.0, count_decay=0.5)
+    a, other = _root("t/a"), _root("t/z", "another job")
+    h.update([a], np.array([1.0]), np.array([4.0]))
+    assert h.predict_beta([a])[1][0] == pytest.approx(1.0 + 4.0)
+    h.update([other], np.array([0.0]), np.array([1.0]))  # a is not in this update: its counts halve
+    h.update([other], np.array([0.0]), np.array([1.0]))
+    assert h.predict_beta([a])[1][0] == pytest.approx(1.0 + 1.0)
+    h.update([a], np.array([0.0]), np.array([2.0]))  # decayed old counts plus the new ones
+    mean, conc = h.predict_beta([a])
+    assert conc[0] == pytest.approx(1.0 + 0.5 + 2.0)
+    assert mean[0] == pytest.approx((h.predict_shared([a])[0] + 0.5) / 3.5)
+    with pytest.raises(ValueError, match="count_decay"):
+        trace_gym.make_predictor("hashed", count_decay=0.0)
+    with pytest.raises(ValueError, match="prior_strength"):
+        trace_gym.make_predictor("hashed", prior_strength=-1.0)
+
+
+@pytest.mark.parametrize("concentration, low, high", [(0.6, 0.0, 2.5), (60.0, 20.0, 1e9)])
+def test_hashed_learns_the_prior_strength_from_the_counts(concentration, low, high):
+    # identical prompt texts: the shared model can learn the population mean only, so the counts'
+    # likelihood must find how much prompts differ around it (Beta(c/2, c/2) success rates)
+    rng = np.random.default_rng(0)
+    n_prompts = 400
+    p = rng.beta(concentration / 2, concentration / 2, size=n_prompts)
+    h = trace_gym.make_predictor("hashed", bits=10)
+    assert h.strength() == 2.0  # nothing seen yet: a uniform Beta at 1/2
+    for _ in range(6):
+        idx = rng.choice(n_prompts, size=100, replace=False)
+        k = rng.binomial(4, p[idx])
+        h.update([_root(f"t/{i}") for i in idx], k / 4.0, np.full(idx.size, 4.0))
+    assert low < h.strength() < high
+    # and the posterior means are better calibrated than the shared model's on the prompts seen
+    seen = [i for i in range(n_prompts) if f"t/{i}" in h.root_counts]
+    hist = [_root(f"t/{i}") for i in seen]
+    gain = brier(h.predict_shared(hist), p[seen]) - brier(h.predict(hist), p[seen])
+    assert gain > (0.05 if concentration < 1 else -0.002)  # a lot where prompts differ, no harm where they do not
+
+
+def test_hashed_counts_survive_a_checkpoint():
+    h = trace_gym.make_predictor("hashed", bits=12)
+    hist = [_root("t/a"), _child("t/a"), _child("t/a", step="tool error")]
+    h.update(hist, np.array([0.5, 1.0, 0.0]), np.array([2.0, 1.0, 1.0]))
+    h.update([_root("t/b")], np.array([1.0]), np.array([3.0]))
+    clone = trace_gym.make_predictor("hashed", bits=12)
+    clone.load_state_dict(h.state_dict())
+    probe = [_root("t/a"), _root("t/b"), _root("t/c"), _child("t/a")]
+    for x, y in zip(clone.predict_beta(probe), h.predict_beta(probe)):
+        assert x.tolist() == y.tolist()
+    assert clone.strength() == h.strength()
+    # a checkpoint from before the counts existed loads with none
+    old = {k: v for k, v in h.state_dict().items() if k not in ("root_counts", "strength_loglik", "n_root_updates")}
+    legacy = trace_gym.make_predictor("hashed", bits=12)
+    legacy.load_state_dict(old)
+    assert legacy.root_counts == {} and legacy.predict(probe[:1]).tolist() == legacy.predict_shared(probe[:1]).tolist()

@@ -35,6 +35,11 @@ Figures per allocator (means over steps unless noted):
   ``null`` for allocators that predict nothing;
 * ``ms_per_step``: wall time inside the allocator's two stages (predictions and history
   building included, rollouts excluded).
+
+Predictors are named like allocators, with options: ``--predictor hashed:lr=0.03`` gives
+every allocator that uses a predictor that one; an allocator spec's ``predictor=NAME``
+option (``knapsack:predictor=hashed``) gives that allocator another predictor than its
+class's, so peers can be compared on the same predictor.
 """
 
 from __future__ import annotations
@@ -104,6 +109,8 @@ class BenchConfig:
             ADVANTAGES.get(self.advantage)  # unknown names raise with suggestions
         for spec in self.allocators:
             parse_allocator(spec)
+        if self.predictor:
+            parse_predictor(self.predictor)
 
 
 def parse_allocator(spec: str) -> tuple[str, dict[str, Any]]:
@@ -112,16 +119,38 @@ def parse_allocator(spec: str) -> tuple[str, dict[str, Any]]:
 
     name, *opts = spec.strip().split(":")
     allocators.ALLOCATORS.get(name)  # unknown names raise with suggestions
+    kwargs = _options(spec, opts, "allocator")
+    if "predictor" in kwargs:
+        parse_predictor(str(kwargs["predictor"]))
+    return name, kwargs
+
+
+def parse_predictor(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"hashed:lr=0.03:counts=false"`` -> ``("hashed", {"lr": 0.03, "counts": False})``."""
+    import trace_gym.predictors as predictors
+
+    name, *opts = spec.strip().split(":")
+    cls = predictors.PREDICTORS.get(name)  # unknown names raise with suggestions
+    kwargs = _options(spec, opts, "predictor")
+    params = inspect.signature(cls).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        unknown = sorted(set(kwargs) - set(params))
+        if unknown:
+            raise ValueError(f"predictor {spec!r}: unknown option {unknown[0]!r} (options: {', '.join(params) or 'none'})")
+    return name, kwargs
+
+
+def _options(spec: str, opts: list[str], what: str) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     for opt in opts:
         if "=" not in opt:
-            raise ValueError(f"allocator {spec!r}: options are key=value, got {opt!r}")
+            raise ValueError(f"{what} {spec!r}: options are key=value, got {opt!r}")
         key, value = opt.split("=", 1)
         try:
             kwargs[key] = json.loads(value)
         except json.JSONDecodeError:
             kwargs[key] = value
-    return name, kwargs
+    return kwargs
 
 
 def _pools(world: ContrastLabWorld, config: BenchConfig) -> list[np.ndarray]:
@@ -136,13 +165,20 @@ def run_allocator(spec: str, world: ContrastLabWorld, pools: list[np.ndarray], c
     import trace_gym.allocators as allocators
 
     name, kwargs = parse_allocator(spec)
+    own_predictor = kwargs.pop("predictor", None)
     if "seed" in inspect.signature(allocators.ALLOCATORS.get(name)).parameters:
         kwargs.setdefault("seed", config.seed)
     allocator = make_allocator(name, **kwargs)
     pred_name = getattr(allocator, "default_predictor", None)
     if pred_name is not None and config.predictor:
         pred_name = config.predictor
-    predictor = make_predictor(pred_name) if pred_name else None
+    if own_predictor is not None:
+        pred_name = str(own_predictor)
+    if pred_name:
+        p_name, p_kwargs = parse_predictor(pred_name)
+        predictor = make_predictor(p_name, **p_kwargs)
+    else:
+        predictor = None
     adv_name = getattr(allocator, "advantage", "trace") if config.advantage == "auto" else config.advantage
     world = world.copy() if config.learn > 0 else world
     sim = ContrastLabSim(world, seed=config.seed)
@@ -226,6 +262,7 @@ def _warm_up() -> None:
     """Load (or compile) every numba kernel a step uses, so the first allocator's timings
     do not include it."""
     from trace_gym.allocators.knapsack import knapsack_counts
+    from trace_gym.allocators.trace import solve_roots_beta
     from trace_gym.solvers import solve_prefixes, solve_roots
 
     world = ContrastLabWorld(4, n_test=0)
@@ -237,6 +274,7 @@ def _warm_up() -> None:
         forest.effective_sample_ratio(forest.advantages(name))
     forest.effective_ratio()
     solve_roots(np.full(4, 0.5), 8), solve_prefixes(np.full(4, 0.5), np.zeros(4), 4), knapsack_counts(np.full(4, 0.5), 8, 4)
+    solve_roots_beta(np.full(4, 0.5), np.full(4, 2.0), 8)
     hashed = make_predictor("hashed", bits=8)
     hashed.update(forest.histories(np.arange(len(forest))), np.full(len(forest), 0.5))
     hashed.predict(forest.histories([0]))
@@ -357,7 +395,9 @@ def configure_bench(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=int, default=1024, help="trajectories per step, M (default: %(default)s)")
     p.add_argument("--tasks", type=int, default=2048, help="train tasks the pools are drawn from (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--predictor", default=None, help="predictor for every allocator that uses one (default: each allocator's own)")
+    p.add_argument("--predictor", default=None,
+                   help="predictor for every allocator that uses one, options as name:key=value, e.g. hashed:lr=0.03 "
+                        "(default: each allocator's own)")
     p.add_argument("--advantage", default="grpo",
                    help="advantage estimator of the effective sample ratio, for every allocator, or 'auto' for each "
                         "allocator's own (default: %(default)s)")

@@ -19,10 +19,80 @@ regression on (H, V_hat) pairs with AdaGrad, ``epochs`` shuffled passes per
 :meth:`~HashedPredictor.update` (online: each call continues from the current weights);
 sample weights are normalised to mean 1 within a call. Prediction and training run in
 numba over a CSR matrix of feature ids.
+
+Empirical-Bayes root counts (``counts=True``, the default)
+----------------------------------------------------------
+
+A prompt that recurs (an epoch later, or in the next candidate pool) has been *sampled*:
+its own outcomes say more about its root success probability than the shared model's
+few prompt-identity features, which AdaGrad moves slowly and a shared bias pulls back.
+The predictor therefore keeps, per prompt (``History.task_id``), the outcome counts of
+its roots. An update holding a root history of backed-up value ``V_hat`` adds
+``S += K V_hat`` successes out of ``N += K``, where ``K`` is the number of independent
+draws behind it: the root's depth-1 children in the same update (one per rollout that
+started at the root; the bench and the trainer pass every non-terminal node with leaves),
+or, when the update holds none, the root's weight (the caller's leaf count). Leaves of
+branches share their prefix with the rollout they branch from, so counting every leaf
+would overstate the evidence; ``V_hat`` itself uses every leaf. The root prediction is
+the posterior mean of the hierarchical (beta-binomial) model
+
+    p_i ~ Beta(s m_i, s (1 - m_i)),    outcomes of prompt i ~ Bernoulli(p_i),
+    E[p_i | counts] = (s m_i + S_i) / (s + N_i),
+
+whose prior mean ``m_i`` is the shared logistic model's prediction for the prompt and
+whose prior strength ``s`` (pseudo-outcomes) is learned from held-out data: every update
+first scores the incoming root counts under the posterior predictive of each ``s`` on a
+log grid (the beta-binomial log-likelihood of each prompt's new outcomes together,
+computed *before* the counts and the model are updated, i.e. prequentially) and the grid
+point with the largest accumulated log-likelihood is used (``prior_strength`` fixes it
+instead; until a root outcome has been seen ``s = 2``, a uniform Beta at ``m = 1/2``).
+A small ``s`` means the shared model says little about a single prompt (on ContrastLab's
+bimodal default it settles near 1, a U-shaped Beta: an unknown prompt is likely
+all-or-nothing), a large one that it says a lot. Nothing about the metric an allocator
+optimises enters the choice. The group likelihood is the score that matches how TRACE
+uses the distribution (the chance that a group of rollouts comes out all equal), and it
+settles on the same ``s`` whether the prompts were sampled at random (GRPO) or chosen by
+TRACE. A second ``s`` for the posterior mean, chosen by scoring each new outcome on its
+own, was tried and dropped: judged against the exact success rates of all candidates a
+larger ``s`` (4-8) gives the better mean, but the per-outcome score computed on the
+prompts TRACE chose to sample drifted to 0.25 (a prompt whose posterior turned
+pessimistic is not sampled again, so its miscalibration is never scored), which made the
+roots' log-loss worse, not better; the group score did not drift that way.
+
+Calibration, measured on every candidate root of the reference workload against its
+exact success probability (30 steps, seeds 0-2): against the shared model alone the
+counts improve the Brier score (0.108 vs 0.111 on GRPO's data, 0.092 vs 0.095 on TRACE's)
+and AUC, and cost a little log-loss (0.359 vs 0.355; 0.325 vs 0.322) and ECE (0.015 vs
+0.010; 0.022 vs 0.017): the posterior is somewhat sharper than the truth, mostly for
+prompts seen once or twice.
+
+Caveats, stated so a reader can judge them: ``K`` understates the evidence of a branched
+tree a little (its branches do refine ``V_hat``), which errs towards caution; leaves of
+branches chosen by value are not draws of the root's outcome (measured on TRACE's forests
+on ContrastLab: a bias of +0.004 in the root's ``V_hat``); and the shared model's ``m_i``
+has itself been trained on the prompt's outcomes through its name features, which the
+learned ``s`` absorbs (dropping the name from the features changed nothing measurable).
+``count_decay`` < 1 discounts old counts per update, for a policy that changes quickly.
+Inner nodes get the shared model's prediction unchanged (a per-prompt logit shift of
+inner nodes was tried and did not help).
+
+On the learning rate: ``lr=0.1`` is the default this predictor has had from the start.
+Its prequential (held-out) log-loss on ContrastLab's reference workload is *not* the best
+of the grid tried: ``lr=0.03`` is better on roots and inner nodes alike, on a stream that
+does not depend on the predictor (uniform allocation) and on TRACE's own, while TRACE's
+effective ratio is lower with it (figures in the allocator bench's report). Pick the rate
+by held-out log-loss on your own data; ``trace-gym bench allocators --predictor
+hashed:lr=0.03`` reruns the comparison.
+
+:meth:`HashedPredictor.predict_beta` exposes the whole predictive distribution: the mean
+and the concentration ``s + N_i`` of the root's Beta posterior (``inf`` for inner nodes:
+a point estimate). TRACE's stage 1 uses it to maximise the *expected* number of mixed
+groups under that uncertainty (:mod:`trace_gym.allocators.trace`).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import zlib
 from typing import Any, Sequence
@@ -74,6 +144,27 @@ def _adagrad_kernel(indptr, idx, y, sw, order, w, g2, lr, l2):
     return loss / max(order.shape[0], 1)
 
 
+@nb.njit(cache=True, nogil=True)
+def _beta_binomial_loglik_kernel(grid, m, s0, n0, succ, fail, out):
+    """out[g] += sum_i log B(a + succ_i, b + fail_i) - log B(a, b) with a = grid[g] m_i + s0_i,
+    b = grid[g] (1 - m_i) + (n0_i - s0_i): the log-likelihood of the new counts under each
+    prior strength (the binomial coefficient does not depend on it and is left out)."""
+    for g in range(grid.shape[0]):
+        total = 0.0
+        for i in range(m.shape[0]):
+            a = grid[g] * m[i] + s0[i]
+            b = grid[g] * (1.0 - m[i]) + (n0[i] - s0[i])
+            c, d = succ[i], fail[i]
+            total += (math.lgamma(a + c) + math.lgamma(b + d) - math.lgamma(a + b + c + d)
+                      - math.lgamma(a) - math.lgamma(b) + math.lgamma(a + b))
+        out[g] += total
+
+
+# prior strengths s the root counts' likelihood chooses from (pseudo-outcomes)
+STRENGTH_GRID = np.geomspace(1.0 / 16.0, 1024.0, 29)
+_UNSEEN_STRENGTH = 2.0
+
+
 def _hash(text: str, mask: int) -> int:
     return zlib.crc32(text.encode()) & mask
 
@@ -90,16 +181,34 @@ class HashedPredictor(Predictor):
         epochs: shuffled passes over each update's batch.
         seed: seeds the shuffling.
         max_cache: feature-cache entries kept before the cache is cleared.
+        counts: combine each prompt's own root outcomes with the shared model's prediction
+            (empirical Bayes, see the module docstring); False gives the plain shared model.
+        prior_strength: fixes the prior strength ``s`` of the root counts (None: learned
+            by the counts' prequential likelihood).
+        count_decay: factor in (0, 1] applied to every prompt's counts per update (1: keep
+            all; below 1 forgets old outcomes of a changing policy).
     """
 
     name = "hashed"
 
     def __init__(self, bits: int = 18, lr: float = 0.1, l2: float = 1e-6, epochs: int = 2, seed: int = 0,
-                 max_cache: int = 200_000):
+                 max_cache: int = 200_000, counts: bool = True, prior_strength: float | None = None,
+                 count_decay: float = 1.0):
         if not 8 <= bits <= 26:
             raise ValueError(f"bits must be in [8, 26], got {bits}")
         if lr <= 0 or l2 < 0 or epochs < 1:
             raise ValueError("need lr > 0, l2 >= 0 and epochs >= 1")
+        if prior_strength is not None and not prior_strength > 0:
+            raise ValueError(f"prior_strength must be positive (or None: learned), got {prior_strength}")
+        if not 0.0 < count_decay <= 1.0:
+            raise ValueError(f"count_decay must be in (0, 1], got {count_decay}")
+        self.counts = bool(counts)
+        self.prior_strength = None if prior_strength is None else float(prior_strength)
+        self.count_decay = float(count_decay)
+        # per prompt: [successes, outcomes, update index of the last change] (decay is lazy)
+        self.root_counts: dict[str, list[float]] = {}
+        self.strength_loglik = np.zeros(STRENGTH_GRID.size)
+        self.n_root_updates = 0
         self.bits, self.lr, self.l2, self.epochs = int(bits), float(lr), float(l2), int(epochs)
         self.mask = (1 << self.bits) - 1
         self.w = np.zeros(1 << self.bits)
@@ -187,11 +296,91 @@ class HashedPredictor(Predictor):
 
     # ------------------------------------------------------------------ Predictor API
 
-    def predict(self, histories: Sequence[History]) -> np.ndarray:
+    def predict_shared(self, histories: Sequence[History]) -> np.ndarray:
+        """The shared logistic model's prediction alone (no per-prompt counts)."""
         indptr, idx = self.features(histories)
         out = np.empty(len(histories))
         _predict_kernel(indptr, idx, self.w, out)
         return out
+
+    def strength(self) -> float:
+        """The prior strength ``s`` in use: fixed, learned, or 2 before any root outcome."""
+        if self.prior_strength is not None:
+            return self.prior_strength
+        if self.n_root_updates == 0:
+            return _UNSEEN_STRENGTH
+        return float(STRENGTH_GRID[int(np.argmax(self.strength_loglik))])
+
+    def _counts_of(self, histories: Sequence[History]) -> tuple[np.ndarray, np.ndarray]:
+        """Decayed (successes, outcomes) of each history's prompt."""
+        succ, total = np.zeros(len(histories)), np.zeros(len(histories))
+        now, decay = self.n_updates, self.count_decay
+        for k, h in enumerate(histories):
+            c = self.root_counts.get(h.task_id)
+            if c is not None:
+                f = decay ** (now - c[2]) if decay < 1.0 else 1.0
+                succ[k], total[k] = f * c[0], f * c[1]
+        return succ, total
+
+    def predict_beta(self, histories: Sequence[History]) -> tuple[np.ndarray, np.ndarray]:
+        """The predictive distribution of each history's success probability as a Beta:
+        ``(mean, concentration)``. Roots (with ``counts``): the posterior of the module
+        docstring, concentration ``s + N_i``. Inner nodes, and roots without ``counts``:
+        the shared model's prediction with concentration ``inf`` (a point estimate)."""
+        m = self.predict_shared(histories)
+        conc = np.full(m.size, np.inf)
+        if not self.counts:
+            return m, conc
+        roots = np.fromiter((len(h.steps) == 0 for h in histories), dtype=bool, count=len(histories))
+        if roots.any():
+            rh = [h for h, r in zip(histories, roots) if r]
+            s = self.strength()
+            succ, total = self._counts_of(rh)
+            prior = np.clip(m[roots], 1e-6, 1.0 - 1e-6)
+            m[roots] = (s * prior + succ) / (s + total)
+            conc[roots] = s + total
+        return m, conc
+
+    def predict(self, histories: Sequence[History]) -> np.ndarray:
+        """Predicted V(H): the posterior mean of :meth:`predict_beta`."""
+        return self.predict_beta(histories)[0]
+
+    def _observe_roots(self, histories: Sequence[History], y: np.ndarray, sw: np.ndarray) -> None:
+        """Score the incoming root counts under every prior strength (before anything is
+        updated), then add them to the per-prompt counts (see the module docstring: mean
+        ``V_hat`` of the root, evidence = the root's depth-1 children in the batch, else
+        its weight). Several roots of one prompt in a batch pool their counts."""
+        first: dict[str, int] = {}
+        rh: list[History] = []
+        mean_num: list[float] = []
+        mean_den: list[float] = []
+        children: dict[str, int] = {}
+        for h, t, w in zip(histories, y.tolist(), sw.tolist()):
+            depth = len(h.steps)
+            if depth == 1:
+                children[h.task_id] = children.get(h.task_id, 0) + 1
+            if depth != 0:
+                continue
+            k = first.get(h.task_id)
+            if k is None:
+                first[h.task_id] = k = len(rh)
+                rh.append(h)
+                mean_num.append(0.0)
+                mean_den.append(0.0)
+            mean_num[k] += w * t
+            mean_den[k] += w
+        if not rh:
+            return
+        value = np.array(mean_num) / np.array(mean_den)
+        evidence = np.array([float(children.get(h.task_id, 0)) or d for h, d in zip(rh, mean_den)])
+        succ, fail = evidence * value, evidence * (1.0 - value)
+        s0, n0 = self._counts_of(rh)
+        m = np.clip(self.predict_shared(rh), 1e-6, 1.0 - 1e-6)
+        _beta_binomial_loglik_kernel(STRENGTH_GRID, m, s0, n0, succ, fail, self.strength_loglik)
+        now, decay = self.n_updates + 1, self.count_decay  # the index this update will have
+        for h, a, b, c0, t0 in zip(rh, succ.tolist(), fail.tolist(), s0.tolist(), n0.tolist()):
+            self.root_counts[h.task_id] = [decay * c0 + a, decay * t0 + a + b, now]
+        self.n_root_updates += 1
 
     def update(self, histories: Sequence[History], targets: np.ndarray, weights: np.ndarray | None = None) -> float:
         """Train on ``(histories, targets)``; returns the last pass's mean weighted log-loss."""
@@ -207,6 +396,8 @@ class HashedPredictor(Predictor):
         if not keep.all():
             histories = [h for h, k in zip(histories, keep) if k]
             y, sw = y[keep], sw[keep]
+        if self.counts:
+            self._observe_roots(histories, y, sw)  # with the caller's weights: n = leaves
         sw = sw / sw.mean()
         indptr, idx = self.features(histories)
         loss = float("nan")
@@ -218,7 +409,9 @@ class HashedPredictor(Predictor):
 
     def state_dict(self) -> dict[str, Any]:
         return {"w": self.w.copy(), "g2": self.g2.copy(), "bits": self.bits, "n_updates": self.n_updates,
-                "rng": self.rng.bit_generator.state}
+                "rng": self.rng.bit_generator.state,
+                "root_counts": {k: list(v) for k, v in self.root_counts.items()},
+                "strength_loglik": self.strength_loglik.copy(), "n_root_updates": self.n_root_updates}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if int(state["bits"]) != self.bits:
@@ -227,3 +420,7 @@ class HashedPredictor(Predictor):
         self.g2 = np.array(state["g2"], dtype=np.float64)
         self.n_updates = int(state["n_updates"])
         self.rng.bit_generator.state = state["rng"]
+        # checkpoints written before the root counts existed load with none
+        self.root_counts = {k: [float(x) for x in v] for k, v in state.get("root_counts", {}).items()}
+        self.strength_loglik = np.array(state.get("strength_loglik", np.zeros(STRENGTH_GRID.size)), dtype=np.float64)
+        self.n_root_updates = int(state.get("n_root_updates", 0))
