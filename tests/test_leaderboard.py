@@ -1,0 +1,398 @@
+"""The benchmark suite and leaderboard: suite validation, records, equal-budget merging,
+rendering (Markdown, HTML, plots), the CLI, and a headless-browser look at the HTML page.
+
+The records these tests merge and render come from real suite runs on ContrastLab (the
+simulator's fast path), made once per module by ``trace-gym leaderboard run``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+
+from trace_gym.cli import main
+from trace_gym.leaderboard import (
+    RecordError, SuiteError, UnequalBudget, load_records, load_suite, parse_suite, rank,
+)
+from trace_gym.leaderboard.records import compute_digest
+
+ALLOCATORS = ["grpo", "uniform", "trace"]
+M, CANDIDATES, STEPS = 256, 128, 4
+
+
+def suite_dict(name: str = "small", *, seeds=(0, 1), steps: int = STEPS, allocators=ALLOCATORS, trajectories: int = M,
+               training: bool = False) -> dict:
+    tracks = [{
+        "name": "contrastlab", "kind": "allocation", "envs": ["trace_gym/ContrastLab-v0"],
+        "policy": {"name": "sim"}, "allocators": list(allocators),
+        "budget": {"trajectories": trajectories, "candidates": CANDIDATES}, "steps": steps,
+    }]
+    if training:  # ContrastLab's learning mode: a training track that runs in seconds
+        tracks.append({
+            "name": "learning", "kind": "training", "envs": ["trace_gym/ContrastLab-v0"], "policy": {"name": "sim"},
+            "allocators": ["grpo", "trace"], "budget": {"trajectories": trajectories, "candidates": CANDIDATES},
+            "steps": steps, "trainer": {"overrides": {"model.sim_shared_lr": 1.0}},
+            "eval": {"split": "test", "tasks": 128, "k": 4, "every": 2},
+        })
+    return {"suite": name, "description": "ContrastLab at a small budget, for tests", "seeds": list(seeds), "tracks": tracks}
+
+
+def run_cli(*argv: str) -> int:
+    return main(["leaderboard", *map(str, argv)])
+
+
+def write_suite(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Real runs: A (seeds 0, 1), B (seed 2, same budget), C (seed 5, one step fewer)."""
+    root = tmp_path_factory.mktemp("lb")
+    out = {}
+    for name, kw in {"a": {"training": True}, "b": {"seeds": (2,)}, "c": {"seeds": (5,), "steps": STEPS - 1, "allocators": ["grpo"]}}.items():
+        suite = write_suite(root / f"{name}.yaml", suite_dict(f"small-{name}", **kw))
+        assert run_cli("run", suite, "--out", root / name, "--no-progress") == 0
+        out[name] = root / name
+    return out
+
+
+# ----------------------------------------------------------------------------- a run
+
+
+def test_run_writes_records_leaderboard_and_plots(runs):
+    a = runs["a"]
+    for f in ("records.jsonl", "leaderboard.md", "leaderboard.html", "effective_ratio.png", "accuracy_vs_budget.png"):
+        assert (a / f).is_file(), f
+    records = [lr.record for lr in load_records([a]) if lr.record.kind == "allocation"]
+    assert sorted((r.allocator, r.seed) for r in records) == sorted((x, s) for x in ALLOCATORS for s in (0, 1))
+    for r in records:
+        # every row spent exactly the budget: M trajectories in each of the steps
+        assert r.spent.trajectories == M * STEPS
+        assert [s.trajectories for s in r.steps] == [M] * STEPS
+        assert r.spent.tokens == sum(s.tokens for s in r.steps) > 0
+        for s in r.steps:
+            assert 0.0 <= s.metrics["effective_ratio"] <= 1.0
+            assert 0.0 <= s.metrics["effective_sample_ratio"] <= 1.0
+            # calibration of the allocator's own predictor (trace: hashed; grpo/uniform: none)
+            if r.allocator == "trace":
+                assert r.predictor == "hashed" and 0.0 <= s.metrics["brier"] <= 1.0 and 0.0 <= s.metrics["auc"] <= 1.0
+            else:
+                assert r.predictor is None and s.metrics["brier"] is None
+        assert r.final["effective_ratio"] == pytest.approx(np.mean([s.metrics["effective_ratio"] for s in r.steps]))
+        assert r.git_commit and r.versions["numpy"] == np.__version__ and len(r.config_hash) == 16
+    # the same seed offers every allocator the same prompts, so grpo's fixed groups see the
+    # same per-step prompt count whatever ran before it
+    by = {(r.allocator, r.seed): r for r in records}
+    assert by[("grpo", 0)].steps[0].metrics["prompts"] == M // 8
+
+
+def test_training_track_records_accuracy_against_spend(runs):
+    records = [lr.record for lr in load_records([runs["a"]]) if lr.record.kind == "training"]
+    assert sorted((r.allocator, r.seed) for r in records) == [("grpo", 0), ("grpo", 1), ("trace", 0), ("trace", 1)]
+    for r in records:
+        assert [e.step for e in r.evals] == [0, 2, 4]
+        assert [e.trajectories for e in r.evals] == [0, 2 * M, 4 * M] and r.evals[-1].tokens == r.spent.tokens
+        assert r.final["accuracy"] == r.evals[-1].accuracy
+        assert r.final["accuracy_gain"] == pytest.approx(r.evals[-1].accuracy - r.evals[0].accuracy)
+        # the simulated policy learns: held-out accuracy rises over the run
+        assert r.evals[-1].accuracy > r.evals[0].accuracy
+    # the starting policy is the same for every allocator of a seed
+    assert len({(r.seed, r.evals[0].accuracy) for r in records}) == 2
+    groups = rank(load_records([runs["a"]]))
+    assert [g.kind for g in groups] == ["allocation", "training"]
+    acc = [row.mean["accuracy"] for row in groups[1].rows]
+    assert acc == sorted(acc, reverse=True)
+
+
+def test_ranking_follows_effective_sample_ratio(runs):
+    group = rank(load_records([runs["a"]]))[0]
+    esr = [row.mean["effective_sample_ratio"] for row in group.rows]
+    assert esr == sorted(esr, reverse=True)
+    assert [row.rank for row in group.rows] == [1, 2, 3]
+    md = (runs["a"] / "leaderboard.md").read_text()
+    lines = [l for l in md.split("## ")[1].splitlines() if l.startswith("| ")]
+    assert lines[0].startswith("| rank | allocator | seeds | eff. sample ratio")
+    assert [l.split("|")[2].strip() for l in lines[1:]] == [row.allocator for row in group.rows]
+
+
+def test_equal_scores_share_a_rank(runs, tmp_path):
+    lines = (runs["b"] / "records.jsonl").read_text().splitlines()
+    tied = []
+    for line in lines:  # a hand-made tie, resealed: every allocator scores 0.5
+        d = json.loads(line)
+        d["final"]["effective_sample_ratio"] = 0.5
+        d["digest"] = compute_digest(d)
+        tied.append(json.dumps(d))
+    (tmp_path / "records.jsonl").write_text("\n".join(tied) + "\n")
+    (group,) = rank(load_records([tmp_path]))
+    assert [row.rank for row in group.rows] == [1, 1, 1]
+
+
+def test_html_is_self_contained_with_table_and_embedded_plots(runs):
+    page = (runs["a"] / "leaderboard.html").read_text()
+    assert not re.search(r"""(src|href)\s*=\s*['"](https?:|//|file:)""", page)
+    imgs = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page)
+    assert [base64.b64decode(i) for i in imgs] == [(runs["a"] / f).read_bytes()
+                                                   for f in ("effective_ratio.png", "accuracy_vs_budget.png")]
+    for name in ALLOCATORS:
+        assert f"<td class='alloc'>{name}</td>" in page
+
+
+def test_resume_skips_finished_runs_and_drops_stale_ones(runs, tmp_path):
+    shutil.copytree(runs["a"], tmp_path / "a")
+    before = (tmp_path / "a" / "records.jsonl").read_text()
+    suite = write_suite(tmp_path / "s.yaml", suite_dict("small-a", training=True))
+    assert run_cli("run", suite, "--out", tmp_path / "a", "--no-progress") == 0
+    assert (tmp_path / "a" / "records.jsonl").read_text() == before
+    # the suite changed (one step more, no training track): every row is run again at the new
+    # budget, the old records go, and the leaderboard ranks the new ones only
+    suite = write_suite(tmp_path / "s.yaml", suite_dict("small-a", steps=STEPS + 1))
+    assert run_cli("run", suite, "--out", tmp_path / "a", "--no-progress") == 0
+    records = [lr.record for lr in load_records([tmp_path / "a"])]
+    assert len(records) == len(ALLOCATORS) * 2 and {r.spent.trajectories for r in records} == {M * (STEPS + 1)}
+    assert not (tmp_path / "a" / "accuracy_vs_budget.png").exists()
+
+
+# ----------------------------------------------------------------------------- show / merge
+
+
+def test_show_prints_the_ranked_table(runs, capsys):
+    assert run_cli("show", runs["a"]) == 0
+    out = capsys.readouterr().out
+    assert "ContrastLab-v0" in out and all(a in out for a in ALLOCATORS)
+
+
+def test_merge_of_equal_budget_runs(runs, tmp_path):
+    out = tmp_path / "merged"
+    # run A twice: the same records read twice are kept once
+    assert run_cli("merge", runs["a"], runs["b"], runs["a"] / "records.jsonl", "--out", out) == 0
+    merged = load_records([out])
+    assert len(merged) == len(ALLOCATORS) * 3 + 4
+    group = rank(merged)[0]
+    assert all(row.seeds == [0, 1, 2] and row.trajectories == 3 * M * STEPS for row in group.rows)
+    assert (out / "leaderboard.html").is_file() and (out / "effective_ratio.png").is_file()
+    assert "merged" in (out / "leaderboard.md").read_text()
+
+
+def test_merge_refuses_unequal_budgets_and_names_the_rows(runs, tmp_path, capsys):
+    out = tmp_path / "merged"
+    assert run_cli("merge", runs["a"], runs["c"], "--out", out) == 1
+    err = capsys.readouterr().err
+    assert "refusing to rank" in err and "different trajectories" in err
+    grpo_line = next(l for l in err.splitlines() if "grpo:" in l)
+    assert "!!" in grpo_line and f"seed 5: {M * (STEPS - 1)}" in grpo_line and "c/records.jsonl:1" in grpo_line
+    assert not out.exists()
+    with pytest.raises(UnequalBudget):
+        rank(load_records([runs["a"], runs["c"]]))
+    assert run_cli("show", runs["a"], runs["c"]) == 1
+
+
+def _edit(path: Path, line_no: int, fn) -> None:
+    lines = path.read_text().splitlines()
+    lines[line_no - 1] = fn(lines[line_no - 1])
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _json_edit(fn):
+    def edit(line: str) -> str:
+        d = json.loads(line)
+        fn(d)
+        return json.dumps(d)
+    return edit
+
+
+def _set(path: str, value):
+    def fn(d):
+        *head, last = path.split(".")
+        for k in head:
+            d = d[k]
+        d[last] = value
+    return fn
+
+
+CORRUPTIONS = {
+    "truncated line": (lambda line: line[: len(line) // 2], "", "not a JSON record"),
+    "NaN metric": (lambda line: line.replace('"effective_ratio": ', '"effective_ratio": NaN, "x": ', 1), "", "not a JSON record"),
+    "missing field": (_json_edit(lambda d: d.pop("seed")), "seed", "missing"),
+    "wrong type": (_json_edit(_set("seed", "zero")), "seed", "integer"),
+    "unknown field": (_json_edit(_set("score", 1.0)), "score", "not a field"),
+    "wrong schema": (_json_edit(_set("schema", "trace-gym/leaderboard-record/0")), "schema", "expected"),
+    "spent more than the steps": (_json_edit(lambda d: d["spent"].update(trajectories=d["spent"]["trajectories"] + 1)),
+                                  "spent.trajectories", "sum over steps"),
+    "budget lowered": (_json_edit(lambda d: d["budget"].update(trajectories_per_step=M // 2)), "steps[0].trajectories",
+                       "exceed"),
+    "a step removed": (_json_edit(lambda d: d.update(steps=d["steps"][:-1])), "steps", "budget.steps"),
+    "metric edited": (_json_edit(lambda d: d["final"].update(effective_sample_ratio=0.99)), "digest", "changed after"),
+    "not an object": (lambda line: "[1, 2]", "", "JSON object"),
+}
+
+
+@pytest.mark.parametrize("kind", list(CORRUPTIONS))
+def test_merge_refuses_corrupted_records_naming_record_and_field(runs, tmp_path, capsys, kind):
+    edit, field, words = CORRUPTIONS[kind]
+    bad = tmp_path / "bad"
+    shutil.copytree(runs["b"], bad)
+    _edit(bad / "records.jsonl", 2, edit)
+    assert run_cli("merge", runs["a"], bad, "--out", tmp_path / "m") == 1
+    err = " ".join(capsys.readouterr().err.split())  # rich may wrap long lines
+    assert f"{bad / 'records.jsonl'}:2" in err
+    if field:
+        assert f"field '{field}'" in err
+    assert words in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_duplicate_seed_from_another_run_is_refused(runs, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(runs["a"], other)
+    _edit(other / "records.jsonl", 1, _json_edit(lambda d: (d.update(run="elsewhere"), d.update(digest=compute_digest(d)))))
+    with pytest.raises(RecordError, match=r"records.jsonl:1: field 'seed': a different record .* already at"):
+        load_records([runs["a"], other])
+
+
+def test_missing_run_folder(tmp_path, capsys):
+    assert run_cli("show", tmp_path / "nope") == 1
+    assert "no such run folder" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- suites
+
+
+BAD_SUITES = {
+    "misspelt key": (lambda d: d["tracks"][0].__setitem__("alocators", d["tracks"][0].pop("allocators")),
+                     "tracks[0].alocators: unknown key 'alocators'; did you mean 'allocators'?"),
+    "unknown allocator": (lambda d: d["tracks"][0].__setitem__("allocators", ["grpo", "trac"]),
+                          "tracks[0].allocators[1].name: unknown allocator 'trac'; did you mean 'trace'"),
+    "unknown env": (lambda d: d["tracks"][0].__setitem__("envs", ["trace_gym/ContrastLab-v1"]),
+                    "tracks[0].envs[0].id: unknown environment 'trace_gym/ContrastLab-v1'; did you mean 'trace_gym/ContrastLab-v0'"),
+    "unknown kind": (lambda d: d["tracks"][0].__setitem__("kind", "alocation"), "did you mean 'allocation'"),
+    "unknown predictor": (lambda d: d["tracks"][0].__setitem__("predictor", "hashd"),
+                          "tracks[0].predictor: unknown predictor 'hashd'; did you mean 'hashed'"),
+    "bad budget": (lambda d: d["tracks"][0]["budget"].__setitem__("trajectories", 0), "tracks[0].budget.trajectories:"),
+    "missing budget": (lambda d: d["tracks"][0].pop("budget"), "tracks[0].budget: required key is missing"),
+    "nested typo": (lambda d: d["tracks"][0]["budget"].__setitem__("candidate", 3),
+                    "tracks[0].budget.candidate: unknown key 'candidate'; did you mean 'candidates'?"),
+    "training without eval": (lambda d: d["tracks"][0].__setitem__("kind", "training"), "needs an `eval` section"),
+    "duplicate allocator": (lambda d: d["tracks"][0].__setitem__("allocators", ["grpo", "grpo"]), "appear more than once"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_SUITES))
+def test_bad_suite_names_the_key_with_a_hint(tmp_path, capsys, kind):
+    edit, expected = BAD_SUITES[kind]
+    data = suite_dict()
+    edit(data)
+    path = write_suite(tmp_path / "bad.yaml", data)
+    with pytest.raises(SuiteError) as exc:
+        load_suite(str(path))
+    assert str(path) in str(exc.value) and expected in str(exc.value)
+    assert run_cli("run", path, "--out", tmp_path / "r", "--no-progress") == 2
+    assert expected in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "r").exists()
+
+
+def test_bad_trainer_override_is_refused_before_running(tmp_path, capsys):
+    data = suite_dict(training=True)
+    data["tracks"][1]["trainer"]["overrides"] = {"model.sim_shared_rl": 1.0}
+    path = write_suite(tmp_path / "bad.yaml", data)
+    assert run_cli("run", path, "--out", tmp_path / "r", "--no-progress") == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "track 'learning', trainer:" in err and "model.sim_shared_rl" in err and "did you mean 'model.sim_shared_lr'" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_unknown_preset_suggests_the_close_one(capsys):
+    assert run_cli("run", "quik", "--no-progress") == 2
+    assert "did you mean 'quick'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset", ["quick", "standard", "paper"])
+def test_presets_validate(preset):
+    from trace_gym.leaderboard.runner import preflight
+
+    spec = load_suite(preset)
+    preflight(spec)  # the trainer and warm-start configs they name exist and accept their overrides
+    kinds = {t.kind for t in spec.tracks}
+    assert kinds == {"allocation", "training"}
+    envs = {e.id for t in spec.tracks for e in t.envs}
+    assert {"trace_gym/MathCalc-v0", "trace_gym/ToolCalls-v0"} <= envs or preset == "paper"
+    for t in spec.tracks:
+        assert {"grpo", "trace"} <= {a.name for a in t.allocators}
+
+
+def test_suite_yaml_round_trip():
+    spec = parse_suite(suite_dict())
+    assert parse_suite(spec.model_dump(mode="json")) == spec
+
+
+# ----------------------------------------------------------------------------- a person's view
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_headless_screenshot_shows_table_and_plot(runs, tmp_path):
+    from PIL import Image
+
+    shot = tmp_path / "leaderboard.png"
+    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1280,1600",
+           "--hide-scrollbars", (runs["a"] / "leaderboard.html").resolve().as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and shot.is_file(), proc.stderr[-2000:]
+    img = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    assert img.shape[:2] == (1600, 1280)
+    # the winner's row is tinted green (#eaf6ea), the table has grey header cells (#eef1f6),
+    # and the embedded plot draws matplotlib's default blue line (#1f77b4)
+    def has(rgb, tol=6):
+        return bool((np.abs(img - np.array(rgb)).max(axis=2) <= tol).sum() > 200)
+    assert has((0xEA, 0xF6, 0xEA)), "the ranked table's first row is not visible"
+    assert has((0xEE, 0xF1, 0xF6)), "the table header is not visible"
+    assert has((0x1F, 0x77, 0xB4), tol=30), "the effective-ratio plot is not visible"
+    if os.environ.get("TRACE_GYM_KEEP_SCREENSHOT"):
+        shutil.copy(shot, os.environ["TRACE_GYM_KEEP_SCREENSHOT"])
+
+
+# ----------------------------------------------------------------------------- real models
+
+
+@pytest.mark.slow
+def test_model_tracks_run_through_the_rollout_engine_and_the_trainer(tmp_path):
+    """The tiny from-scratch preset (untrained: this checks the plumbing, not the numbers)
+    through the rollout engine (allocation track) and RLTrainer (training track)."""
+    policy = {"name": "hf", "model": "tiny", "max_new_tokens": 8}
+    env = {"id": "trace_gym/MathCalc-v0", "kwargs": {"max_turns": 2}}
+    budget = {"trajectories": 8, "candidates": 4, "group_size": 2}
+    suite = write_suite(tmp_path / "tiny.yaml", {"suite": "tiny", "seeds": [0], "tracks": [
+        {"name": "alloc", "kind": "allocation", "envs": [env], "policy": policy, "allocators": ["grpo", "trace"],
+         "budget": budget, "steps": 2},
+        {"name": "train", "kind": "training", "envs": [env], "policy": policy, "allocators": ["grpo", "trace"],
+         "budget": budget, "steps": 1, "eval": {"tasks": 4, "k": 1, "every": 1},
+         "trainer": {"overrides": {"model.threads": 1, "optim.micro_batch_tokens": 4096}}},
+    ]})
+    assert run_cli("run", suite, "--out", tmp_path / "out", "--no-progress") == 0
+    records = [lr.record for lr in load_records([tmp_path / "out"])]
+    assert sorted((r.track, r.allocator) for r in records) == [("alloc", "grpo"), ("alloc", "trace"), ("train", "grpo"),
+                                                               ("train", "trace")]
+    for r in records:
+        assert [s.trajectories for s in r.steps] == [8] * r.budget.steps
+        assert all(s.tokens > 0 for s in r.steps)
+        if r.kind == "training":
+            assert [(e.step, e.trajectories, e.tasks) for e in r.evals] == [(0, 0, 4), (1, 8, 4)]
+            assert 0.0 <= r.final["accuracy"] <= 1.0
+    assert (tmp_path / "out" / "accuracy_vs_budget.png").is_file()

@@ -1,0 +1,35 @@
+"""Benchmark suites and the leaderboard: rank allocators at an equal budget.
+
+A *suite* (YAML, validated by :class:`SuiteSpec`) lists tracks of envs x allocators x
+seeds at one budget, policy and step count. ``trace-gym leaderboard run quick`` runs one and
+writes ``results/RUN/records.jsonl`` (one sealed :class:`Record` per run), ``leaderboard.md``,
+a self-contained ``leaderboard.html`` and PNG plots; ``show`` and ``merge`` combine runs from
+several machines and refuse bad records and unequal budgets.
+
+From Python::
+
+    from trace_gym.leaderboard import load_suite, run_suite, load_records, rank, write_leaderboard
+    spec = load_suite("quick")
+    run_suite(spec, Path("results/quick"))
+    groups = rank(load_records(["results/quick"]))     # raises UnequalBudget / RecordError
+    write_leaderboard(groups, Path("results/quick"))
+"""
+
+from trace_gym.leaderboard.cli import configure_leaderboard
+from trace_gym.leaderboard.records import (
+    Group, LoadedRecord, Record, RecordError, Row, UnequalBudget, check_equal_budget, load_records, make_record, rank,
+    write_records,
+)
+from trace_gym.leaderboard.render import render_html, render_markdown, write_leaderboard, write_plots
+from trace_gym.leaderboard.runner import (
+    RolloutSource, register_source, register_training_runner, run_allocation, run_suite, sample_ratios,
+)
+from trace_gym.leaderboard.spec import SuiteError, SuiteSpec, TrackSpec, load_suite, parse_suite
+
+__all__ = [
+    "Group", "LoadedRecord", "Record", "RecordError", "RolloutSource", "Row", "SuiteError", "SuiteSpec", "TrackSpec",
+    "UnequalBudget", "check_equal_budget", "configure_leaderboard", "load_records", "load_suite",
+    "make_record", "parse_suite", "rank", "register_source", "register_training_runner", "render_html",
+    "render_markdown", "run_allocation", "run_suite", "sample_ratios", "write_leaderboard", "write_plots",
+    "write_records",
+]

@@ -1,0 +1,150 @@
+"""``trace-gym leaderboard``: ``run`` a suite, ``show`` runs, ``merge`` runs into one.
+
+::
+
+    trace-gym leaderboard run quick                     # preset configs/suites/quick.yaml
+    trace-gym leaderboard run my_suite.yaml --out results/mine
+    trace-gym leaderboard show results/quick results/other-machine
+    trace-gym leaderboard merge results/a results/b --out results/merged
+    trace-gym leaderboard suites                        # list the presets
+
+Exit status: 0 on success, 1 when records are refused (a bad record, or allocators of one
+group that spent different trajectories), 2 for a bad suite or bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from trace_gym.leaderboard.records import RecordError, UnequalBudget, load_records, rank, write_records
+from trace_gym.leaderboard.render import rich_tables, write_leaderboard
+from trace_gym.leaderboard.spec import SuiteError, load_suite, preset_names, resolve_suite_path
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    probe = Console(stderr=stderr)
+    # a pipe or a log file gets the full table rather than rich's 80-column default
+    return probe if probe.is_terminal else Console(stderr=stderr, width=200)
+
+
+def _provenance(records) -> str:
+    runs = sorted({lr.record.run for lr in records})
+    commits = sorted({lr.record.git_commit[:12] for lr in records})
+    hosts = sorted({lr.record.host for lr in records})
+    versions = records[0].record.versions
+    pkg = ", ".join(f"{k} {v}" for k, v in versions.items())
+    return (f"{len(records)} records from run(s) {', '.join(runs)}; host(s) {', '.join(hosts)}; "
+            f"commit(s) {', '.join(commits)}; {pkg}")
+
+
+def _render(records, out_dir: Path | None, title: str) -> int:
+    """Rank ``records``, print the tables, and write the leaderboard files into ``out_dir``."""
+    groups = rank(records)
+    console = _console()
+    for table in rich_tables(groups):
+        console.print(table)
+    if out_dir is not None:
+        files = write_leaderboard(groups, out_dir, title=title, provenance=_provenance(records))
+        console.print(f"leaderboard written to {out_dir}/: " + ", ".join(p.name for p in files.values()))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``leaderboard run SUITE|FILE``: run the suite, then write and print its leaderboard."""
+    from trace_gym.leaderboard.runner import preflight, run_suite
+
+    err = _console(stderr=True)
+    try:
+        spec = load_suite(args.suite).select(args.tracks.split(",") if args.tracks else None)
+        preflight(spec)
+    except SuiteError as exc:
+        err.print(f"[red]bad suite:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
+        return 2
+    out = Path(args.out) if args.out else Path("results") / f"{spec.suite}-{datetime.now():%Y%m%d-%H%M%S}"
+    err.print(f"suite {spec.suite!r} from {resolve_suite_path(args.suite)}: {len(spec.tracks)} track(s); results in {out}/")
+    run_suite(spec, out, show_progress=not args.no_progress, resume=not args.fresh, console=err)
+    try:
+        records = load_records([out])
+        return _render(records, out, title=f"trace-gym leaderboard: {spec.suite}")
+    except (RecordError, UnequalBudget) as exc:
+        err.print(f"[red]refused:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
+        return 1
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """``leaderboard show RUN...``: merge the runs' records in memory and print the tables."""
+    try:
+        records = load_records(args.runs)
+        return _render(records, None, title="trace-gym leaderboard")
+    except (RecordError, UnequalBudget) as exc:
+        _console(stderr=True).print(f"[red]refused:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
+        return 1
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    """``leaderboard merge RUN... --out DIR``: one records.jsonl and leaderboard from several runs."""
+    out = Path(args.out)
+    try:
+        records = load_records(args.runs)
+        rank(records)  # refuse before writing anything
+    except (RecordError, UnequalBudget) as exc:
+        _console(stderr=True).print(f"[red]refused:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
+        return 1
+    out.mkdir(parents=True, exist_ok=True)
+    write_records(out / "records.jsonl", [lr.record for lr in records])
+    return _render(records, out, title=args.title)
+
+
+def cmd_suites(args: argparse.Namespace) -> int:
+    """``leaderboard suites``: the preset suites and their tracks."""
+    console = _console()
+    for name in preset_names():
+        try:
+            spec = load_suite(name)
+            tracks = "; ".join(f"{t.name} ({t.kind}: {', '.join(e.name for e in t.envs)} x {len(t.allocators)} allocators, "
+                               f"M={t.budget.trajectories} x {t.steps} steps)" for t in spec.tracks)
+            console.print(f"[bold]{name}[/bold]: {spec.description.strip()}\n    {tracks}", highlight=False)
+        except SuiteError as exc:
+            console.print(f"[bold]{name}[/bold]: [red]invalid here:[/red] {exc}", highlight=False)
+    return 0
+
+
+def configure_leaderboard(parser: argparse.ArgumentParser) -> None:
+    """Add the ``run``, ``show``, ``merge`` and ``suites`` subcommands to ``parser``."""
+    sub = parser.add_subparsers(dest="leaderboard_command", metavar="ACTION", required=True)
+    p = sub.add_parser("run", help="run a benchmark suite and write its leaderboard",
+                       description="Run a suite (a preset name such as quick/standard/paper, or a YAML file), write "
+                                   "records.jsonl, leaderboard.md, leaderboard.html and PNG plots into --out, and print "
+                                   "the leaderboard. Re-running with the same --out resumes an interrupted suite.")
+    p.add_argument("suite", metavar="SUITE|FILE", help=f"preset ({', '.join(preset_names()) or 'none found'}) or a YAML file")
+    p.add_argument("--out", metavar="DIR", help="results folder (default: results/SUITE-TIMESTAMP)")
+    p.add_argument("--tracks", metavar="A,B", help="run only these tracks of the suite")
+    p.add_argument("--fresh", action="store_true", help="discard records already in --out instead of resuming")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("show", help="print the leaderboard of one or more runs (merged in memory)",
+                       description="Read records from run folders (or records.jsonl files), refuse bad records and "
+                                   "unequal budgets, and print the ranked tables.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run folder or records.jsonl")
+    p.set_defaults(func=cmd_show)
+    p = sub.add_parser("merge", help="merge the records of several runs or machines into one leaderboard",
+                       description="Merge records from several runs (checked: schema, budget arithmetic, digest, "
+                                   "duplicates, equal budgets per group) into --out with records.jsonl, "
+                                   "leaderboard.md, leaderboard.html and plots.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run folder or records.jsonl")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for the merged leaderboard")
+    p.add_argument("--title", default="trace-gym leaderboard (merged)", help="page title")
+    p.set_defaults(func=cmd_merge)
+    p = sub.add_parser("suites", help="list the preset suites")
+    p.set_defaults(func=cmd_suites)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from trace_gym.cli import main
+
+    sys.exit(main(["leaderboard", *sys.argv[1:]]))

@@ -1,0 +1,274 @@
+"""Leaderboard output: Markdown, a rich terminal table, PNG plots and a self-contained HTML page.
+
+Everything here reads ranked :class:`~trace_gym.leaderboard.records.Group` objects, so a
+fresh run and a merge of several runs render identically. Plots use matplotlib's Agg
+backend (no display needed); the HTML embeds them as base64 PNGs so the page is one file
+that can be mailed or attached to a paper's supplement.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from trace_gym.leaderboard.records import LOWER_IS_BETTER, TABLE_METRICS, Group, Row
+
+METRIC_LABELS = {
+    "effective_sample_ratio": "eff. sample ratio",
+    "effective_ratio": "eff. ratio",
+    "effective_token_ratio": "eff. token ratio",
+    "brier": "Brier",
+    "ece": "ECE",
+    "auc": "AUC",
+    "accuracy": "held-out acc.",
+    "accuracy_gain": "acc. gain",
+    "pass_at_k": "pass@k",
+    "reward_mean": "reward",
+}
+
+PLOTS = {"effective_ratio": "effective_ratio.png", "accuracy": "accuracy_vs_budget.png"}
+"""The PNG files a leaderboard writes (those whose tracks are present)."""
+
+
+def _fmt(mean: float | None, std: float | None, n: int) -> str:
+    if mean is None:
+        return "n/a"
+    return f"{mean:.3f} ± {std:.3f}" if n > 1 and std is not None else f"{mean:.3f}"
+
+
+def _per_seed(spend: list[tuple[int, int]]) -> str:
+    values = sorted({t for _, t in spend})
+    return f"{values[0]:,}" if len(values) == 1 else " / ".join(f"{t:,}" for _, t in spend)
+
+
+def _metrics(group: Group) -> list[str]:
+    present = {m for row in group.rows for m, v in row.mean.items() if v is not None}
+    return [m for m in TABLE_METRICS[group.kind] if m in present]
+
+
+def _table(group: Group) -> tuple[list[str], list[list[str]]]:
+    metrics = _metrics(group)
+    head = ["rank", "allocator", "seeds"] + [METRIC_LABELS.get(m, m) + (" ↓" if m in LOWER_IS_BETTER else "") for m in metrics] \
+        + ["trajectories/seed", "tokens/seed"]
+    body = []
+    for row in group.rows:
+        n = len(row.records)
+        body.append([str(row.rank), row.allocator, str(n)] + [_fmt(row.mean.get(m), row.std.get(m), n) for m in metrics]
+                    + [_per_seed(row.spend_by_seed()), f"{round(row.tokens / max(n, 1)):,}"])
+    return head, body
+
+
+def _budget_line(group: Group) -> str:
+    b = group.budget
+    return (f"budget: M = {b.trajectories_per_step} trajectories/step x {b.steps} steps, {b.candidates} candidate prompts/step; "
+            f"ranked by {METRIC_LABELS.get(group.rank_metric, group.rank_metric)}; every row spent the same trajectories")
+
+
+def render_markdown(groups: Sequence[Group], *, title: str = "trace-gym leaderboard", plots: Sequence[str] = ()) -> str:
+    """The leaderboard as Markdown: one table per group, then links to the plots."""
+    out = [f"# {title}", ""]
+    for g in groups:
+        head, body = _table(g)
+        out += [f"## {g.title}", "", _budget_line(g), "",
+                "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+        out += ["| " + " | ".join(r) + " |" for r in body]
+        out.append("")
+    for p in plots:
+        out += [f"![{Path(p).stem}]({p})", ""]
+    return "\n".join(out)
+
+
+def rich_tables(groups: Sequence[Group]):
+    """One :class:`rich.table.Table` per group, for the terminal."""
+    from rich.table import Table
+
+    tables = []
+    for g in groups:
+        head, body = _table(g)
+        t = Table(title=g.title, caption=_budget_line(g), title_justify="left")
+        for i, h in enumerate(head):
+            width = max(len(h) if i != 1 else 0, *(len(r[i]) for r in body)) if body else None
+            t.add_column(h, justify="left" if h == "allocator" else "right", no_wrap=True, min_width=width)
+        for r in body:
+            t.add_row(*r)
+        tables.append(t)
+    return tables
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def _series(row: Row, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-step mean, min and max of ``metric`` over a row's seeds (NaN where undefined)."""
+    n = max(len(r.record.steps) for r in row.records)
+    vals = np.full((len(row.records), n), np.nan)
+    for i, r in enumerate(row.records):
+        for s in r.record.steps:
+            v = s.metrics.get(metric)
+            if v is not None:
+                vals[i, s.step] = v
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.nanmean(vals, 0), np.nanmin(vals, 0), np.nanmax(vals, 0)
+
+
+def _grid(n: int):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, axes.flat
+
+
+def plot_effective_ratio(groups: Sequence[Group], path: Path) -> Path | None:
+    """Effective ratio per step per allocator, one panel per allocation group (band: min-max
+    over seeds). Returns the path, or None when there is no allocation group."""
+    gs = [g for g in groups if g.kind == "allocation"]
+    if not gs:
+        return None
+    fig, axes = _grid(len(gs))
+    from matplotlib.ticker import MaxNLocator
+
+    for ax, g in zip(axes, gs):
+        for row in g.rows:
+            mean, lo, hi = _series(row, "effective_ratio")
+            x = np.arange(1, len(mean) + 1)
+            (line,) = ax.plot(x, mean, marker="o" if len(x) <= 12 else None, ms=3, label=row.allocator)
+            if len(row.records) > 1:
+                ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15)
+        ax.set_title(f"{g.env} ({g.policy.get('model') or g.policy.get('name')})", fontsize=10)
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("effective ratio")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Effective ratio per step (equal budget)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def plot_accuracy(groups: Sequence[Group], path: Path) -> Path | None:
+    """Held-out accuracy against trajectories (left) and generated tokens (right) spent, per
+    allocator, one row of panels per training group (band: min-max over seeds). Returns the
+    path, or None when there is no training group."""
+    gs = [g for g in groups if g.kind == "training"]
+    if not gs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(gs), 2, figsize=(10.4, 3.8 * len(gs)), squeeze=False)
+    for (ax_traj, ax_tok), g in zip(axes, gs):
+        lo_all, hi_all = 1.0, 0.0
+        for row in g.rows:
+            # average the seeds' curves at each evaluation index (evaluations share steps)
+            n = min(len(r.record.evals) for r in row.records)
+            if n == 0:
+                continue
+            acc = np.array([[e.accuracy for e in r.record.evals[:n]] for r in row.records])
+            lo_all, hi_all = min(lo_all, acc.min()), max(hi_all, acc.max())
+            for ax, attr in ((ax_traj, "trajectories"), (ax_tok, "tokens")):
+                x = np.mean([[getattr(e, attr) for e in r.record.evals[:n]] for r in row.records], 0)
+                (line,) = ax.plot(x, acc.mean(0), marker="o", ms=3, label=row.allocator)
+                if len(row.records) > 1:
+                    ax.fill_between(x, acc.min(0), acc.max(0), color=line.get_color(), alpha=0.15)
+        pad = max(0.02, 0.1 * (hi_all - lo_all))
+        for ax, label in ((ax_traj, "trajectories spent"), (ax_tok, "generated tokens spent")):
+            ax.set_title(f"{g.env} ({g.policy.get('model') or g.policy.get('name')})", fontsize=10)
+            ax.set_xlabel(label)
+            ax.set_ylabel("held-out accuracy")
+            ax.set_ylim(max(0.0, lo_all - pad), min(1.0, hi_all + pad))
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle("Held-out accuracy against budget spent")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_plots(groups: Sequence[Group], out_dir: Path) -> list[Path]:
+    """Write the PNG plots that apply to ``groups`` into ``out_dir``; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in PLOTS.values():  # a plot of an earlier run in this folder would no longer match
+        (out_dir / name).unlink(missing_ok=True)
+    made = [plot_effective_ratio(groups, out_dir / PLOTS["effective_ratio"]), plot_accuracy(groups, out_dir / PLOTS["accuracy"])]
+    return [p for p in made if p is not None]
+
+
+# ----------------------------------------------------------------------------- HTML
+
+_CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif;margin:2em auto;max-width:1400px;
+color:#1d2330;padding:0 1em}
+h1{font-size:1.6em;margin-bottom:.2em} h2{font-size:1.15em;margin-top:1.6em}
+p.meta{color:#5a6273;font-size:.9em;margin:.2em 0 .8em}
+div.scroll{overflow-x:auto}
+table{border-collapse:collapse;font-size:.88em;margin:.4em 0 1em}
+th,td{border:1px solid #d4d8e0;padding:.3em .55em;text-align:right;white-space:nowrap}
+th{white-space:normal;vertical-align:bottom}
+th{background:#eef1f6} td.alloc{text-align:left;font-weight:600} tr.first td{background:#eaf6ea}
+figure{margin:1em 0} figure img{max-width:100%;border:1px solid #e1e4ea}
+figcaption{color:#5a6273;font-size:.88em}
+"""
+
+
+def render_html(groups: Sequence[Group], plots: Sequence[Path], *, title: str = "trace-gym leaderboard",
+                provenance: str = "") -> str:
+    """A static, self-contained HTML page: the tables and the plots (embedded base64 PNGs)."""
+    e = html.escape
+    parts = ["<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>",
+             f"<title>{e(title)}</title><style>{_CSS}</style></head><body>", f"<h1>{e(title)}</h1>"]
+    if provenance:
+        parts.append(f"<p class='meta'>{e(provenance)}</p>")
+    for g in groups:
+        head, body = _table(g)
+        parts.append(f"<h2>{e(g.title)}</h2><p class='meta'>{e(_budget_line(g))}</p>")
+        parts.append("<div class='scroll'><table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr></thead><tbody>")
+        for r in body:
+            cls = " class='first'" if r[0] == "1" else ""  # every row tied for first
+            cells = "".join(f"<td class='alloc'>{e(c)}</td>" if i == 1 else f"<td>{e(c)}</td>" for i, c in enumerate(r))
+            parts.append(f"<tr{cls}>{cells}</tr>")
+        parts.append("</tbody></table></div>")
+    for p in plots:
+        data = base64.b64encode(Path(p).read_bytes()).decode("ascii")
+        parts.append(f"<figure><img alt='{e(Path(p).stem)}' src='data:image/png;base64,{data}'>"
+                     f"<figcaption>{e(Path(p).name)}</figcaption></figure>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_leaderboard(groups: Sequence[Group], out_dir: Path, *, title: str = "trace-gym leaderboard",
+                      provenance: str = "") -> dict[str, Path]:
+    """Write ``leaderboard.md``, ``leaderboard.html`` and the PNG plots into ``out_dir``."""
+    out_dir = Path(out_dir)
+    plots = write_plots(groups, out_dir)
+    md = out_dir / "leaderboard.md"
+    md.write_text(render_markdown(groups, title=title, plots=[p.name for p in plots]))
+    page = out_dir / "leaderboard.html"
+    page.write_text(render_html(groups, plots, title=title, provenance=provenance))
+    return {"markdown": md, "html": page, **{p.stem: p for p in plots}}
+
+
+__all__ = ["METRIC_LABELS", "PLOTS", "plot_accuracy", "plot_effective_ratio", "render_html", "render_markdown",
+           "rich_tables", "write_leaderboard", "write_plots"]
