@@ -86,6 +86,10 @@ class Allocator(ABC):
     """Decides where a step's rollout budget goes. See the module docstring."""
 
     name: ClassVar[str] = "allocator"
+    default_predictor: ClassVar[str | None] = None
+    """Predictor the bench, leaderboard and trainer build for this allocator (None: it needs none)."""
+    advantage: ClassVar[str] = "grpo"
+    """Advantage estimator that matches what the allocator optimises (``"trace"`` for tree allocators)."""
 
     def __init__(self) -> None:
         self.spent = Spend()
