@@ -6,6 +6,8 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.trace-gym-installed
 # Torch threads are fixed so timings are comparable on a small, shared machine.
 export OMP_NUM_THREADS ?= 2
+# Idle OpenMP threads sleep instead of spinning: spinning made torch tests 10x slower on a loaded 2-core machine.
+export OMP_WAIT_POLICY ?= PASSIVE
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false

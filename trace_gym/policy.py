@@ -21,6 +21,17 @@ class Generation:
     ``token_ids`` are the policy's tokens (the loss is taken on these only), ``logprobs``
     their behaviour log-probabilities under the sampling distribution, ``text`` their
     decoding, ``finish_reason`` ``"stop"`` (end of turn) or ``"length"`` (token limit).
+    A turn that stopped by itself ends with its stop token (e.g. ``<|im_end|>``), which
+    is a policy token like any other.
+
+    A backend that could not produce the turn (a server that went away) returns
+    ``finish_reason="error"`` with ``info["error"]`` and no tokens; the rollout engine
+    reports such trajectories instead of dropping them.
+
+    Accounting keys a backend may set in ``info`` (the engine sums them into
+    ``forest.counters``): ``prefill_tokens`` (prompt tokens this call actually computed
+    for this turn) and ``reused_prefix_tokens`` (prompt tokens served from a KV/prefix
+    cache). When absent the engine counts the whole prompt as prefilled.
     """
 
     token_ids: list[int]
@@ -41,13 +52,50 @@ class SamplingParams:
 
 
 class Policy(ABC):
-    """Generates one turn for each of a batch of token prefixes."""
+    """Generates one turn for each of a batch of token prefixes.
+
+    Besides :meth:`generate`, a policy owns the tokenizer side of the conversation, so the
+    rollout engine never touches text-to-token conversion itself:
+
+    * :meth:`render_prompt` turns the env's opening messages (and tool schemas) into the
+      token ids the first turn is generated from;
+    * :meth:`render_observation` turns an observation into the token ids appended after a
+      generated turn (closing the turn if needed, and opening the next assistant turn);
+    * :meth:`decode` turns generated ids into the action text the env steps on.
+
+    Trainers additionally use :meth:`load_weights` (weight sync after an optimizer step).
+    Backends built on a Hugging Face tokenizer implement the three rendering methods with
+    :class:`trace_gym.policies.chat.ChatTemplate`.
+    """
 
     name: str = "policy"
 
     @abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         """One :class:`Generation` per prompt (token-id prefix), generated as one batch."""
+
+    def render_prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids of the opening chat (``messages`` with ``tools``), ending with the first
+        assistant header: the prefix of every trajectory of that task."""
+        raise NotImplementedError(f"policy {self.name!r} does not render chats to tokens")
+
+    def render_observation(self, observation: str, *, role: str = "tool", closed: bool = True) -> list[int]:
+        """Token ids appended after a generated turn: the end-of-turn marker unless ``closed``
+        (the turn already ended with a stop token), ``observation`` as a ``role`` message,
+        and the next assistant header. These tokens are not trained on (loss mask 0)."""
+        raise NotImplementedError(f"policy {self.name!r} does not render observations to tokens")
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of generated ``token_ids`` without special tokens."""
+        raise NotImplementedError(f"policy {self.name!r} does not decode tokens")
+
+    def load_weights(self, weights: Any) -> None:
+        """Weight sync: replace the policy's weights (a state dict, a model directory, or a
+        module whose state dict is copied). Backends that cannot do it raise."""
+        raise NotImplementedError(f"policy {self.name!r} cannot load new weights")
+
+    def close(self) -> None:
+        """Release resources (HTTP clients, engines). Safe to call more than once."""
 
 
 POLICIES: Registry[Policy] = Registry("policy")
