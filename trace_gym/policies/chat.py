@@ -25,6 +25,8 @@ import json
 import warnings
 from typing import Any, Sequence
 
+from trace_gym.policy import Policy
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -163,3 +165,20 @@ class ChatTemplate:
             "cannot find the end-of-turn token of this chat template (the text after an assistant "
             f"message starts with {tail[:20]!r}, which is not a special token) and the tokenizer has no EOS token"
         )
+
+
+class ChatPolicy(Policy):
+    """A :class:`~trace_gym.policy.Policy` whose tokenizer side is a :class:`ChatTemplate`
+    kept in ``self.chat`` (the ``hf``, ``openai`` and ``vllm`` backends): rendering and
+    decoding are the template's, generation is the backend's."""
+
+    chat: ChatTemplate
+
+    def render_prompt(self, messages, tools=None) -> list[int]:
+        return self.chat.render_prompt(messages, tools)
+
+    def render_observation(self, observation: str, *, role: str = "tool", closed: bool = True) -> list[int]:
+        return self.chat.render_observation(observation, role=role, closed=closed)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.chat.decode(token_ids)

@@ -33,8 +33,8 @@ from typing import Any, Sequence
 
 import torch
 
-from trace_gym.policies.chat import ChatTemplate
-from trace_gym.policy import Generation, Policy, SamplingParams
+from trace_gym.policies.chat import ChatPolicy, ChatTemplate
+from trace_gym.policy import Generation, SamplingParams
 
 # ----------------------------------------------------------------------------- grouping
 
@@ -200,7 +200,7 @@ class _Unit:
     kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # a store entry's KV (held, so eviction cannot drop it mid-call)
 
 
-class HFPolicy(Policy):
+class HFPolicy(ChatPolicy):
     """A transformers causal LM with its tokenizer and chat template.
 
     Args:
@@ -279,17 +279,6 @@ class HFPolicy(Policy):
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._weights_version = self._version()
-
-    # ------------------------------------------------------------------ tokenizer side
-
-    def render_prompt(self, messages, tools=None) -> list[int]:
-        return self.chat.render_prompt(messages, tools)
-
-    def render_observation(self, observation: str, *, role: str = "tool", closed: bool = True) -> list[int]:
-        return self.chat.render_observation(observation, role=role, closed=closed)
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.chat.decode(token_ids)
 
     # ------------------------------------------------------------------ weights
 

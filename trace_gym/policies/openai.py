@@ -47,14 +47,14 @@ from typing import Any, Sequence
 
 import httpx
 
-from trace_gym.policies.chat import ChatTemplate
-from trace_gym.policy import Generation, Policy, SamplingParams
+from trace_gym.policies.chat import ChatPolicy, ChatTemplate
+from trace_gym.policy import Generation, SamplingParams
 
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 DIALECTS = ("auto", "vllm", "transformers", "openai")
 
 
-class OpenAIPolicy(Policy):
+class OpenAIPolicy(ChatPolicy):
     """A policy behind an OpenAI-compatible HTTP server.
 
     Args:
@@ -130,17 +130,6 @@ class OpenAIPolicy(Policy):
         self.retries = 0
         self._down = False
         self._lock = threading.Lock()
-
-    # ------------------------------------------------------------------ tokenizer side
-
-    def render_prompt(self, messages, tools=None) -> list[int]:
-        return self.chat.render_prompt(messages, tools)
-
-    def render_observation(self, observation: str, *, role: str = "tool", closed: bool = True) -> list[int]:
-        return self.chat.render_observation(observation, role=role, closed=closed)
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.chat.decode(token_ids)
 
     def load_weights(self, weights: Any) -> None:
         raise NotImplementedError(

@@ -20,11 +20,11 @@ import math
 import os
 from typing import Any, Sequence
 
-from trace_gym.policies.chat import ChatTemplate
-from trace_gym.policy import Generation, Policy, SamplingParams
+from trace_gym.policies.chat import ChatPolicy, ChatTemplate
+from trace_gym.policy import Generation, SamplingParams
 
 
-class VLLMPolicy(Policy):
+class VLLMPolicy(ChatPolicy):
     """A vLLM offline engine.
 
     Args:
@@ -80,17 +80,6 @@ class VLLMPolicy(Policy):
         engine = self.llm.llm_engine
         cfg = getattr(engine, "model_config", None) or getattr(getattr(engine, "vllm_config", None), "model_config", None)
         self.max_context_tokens: int | None = getattr(cfg, "max_model_len", None)
-
-    # ------------------------------------------------------------------ tokenizer side
-
-    def render_prompt(self, messages, tools=None) -> list[int]:
-        return self.chat.render_prompt(messages, tools)
-
-    def render_observation(self, observation: str, *, role: str = "tool", closed: bool = True) -> list[int]:
-        return self.chat.render_observation(observation, role=role, closed=closed)
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.chat.decode(token_ids)
 
     # ------------------------------------------------------------------ generation
 
