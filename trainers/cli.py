@@ -1,0 +1,180 @@
+"""``trace-gym train`` and ``trace-gym eval``.
+
+    trace-gym train --config configs/quick.yaml [--resume] [key=value ...]
+    trace-gym train --help-config                      # every config key, documented
+    trace-gym eval --config configs/quick.yaml         # the run's latest checkpoint (or its SFT start)
+    trace-gym eval --model smollm2-135m --env trace_gym/MathCalc-v0 --tasks 50 --k 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def configure_train(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``trace-gym train``."""
+    parser.add_argument("--config", default=None, help="YAML config (see configs/); default: the built-in defaults")
+    parser.add_argument("--resume", action="store_true", help="continue the run in output_dir from its newest readable checkpoint")
+    parser.add_argument("--help-config", action="store_true", help="list every config key with its meaning and default, then exit")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides with dotted keys, e.g. allocator.name=grpo optim.lr=1e-4")
+    parser.set_defaults(func=run_train)
+
+
+def configure_eval(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``trace-gym eval``."""
+    parser.add_argument("--config", default=None, help="a training config: evaluates its run's latest checkpoint (or, before any, its SFT start)")
+    parser.add_argument("--run", default=None, help="a run directory: its config.yaml and latest checkpoint (instead of --config)")
+    parser.add_argument("--model", default=None, help="evaluate this model instead: 'tiny', an alias (smollm2-135m), a directory or a hub id")
+    parser.add_argument("--sft", action="store_true", help="with --config: evaluate the SFT warm start, not the RL checkpoint")
+    parser.add_argument("--env", action="append", default=None, help="env id (repeatable); default: the config's envs, or MathCalc")
+    parser.add_argument("--tasks", type=int, default=None, help="held-out tasks per env (default: the config's eval.tasks)")
+    parser.add_argument("--k", type=int, default=None, help="samples per task for mean@k / pass@k (default: eval.k)")
+    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: eval.temperature)")
+    parser.add_argument("--split", default=None, choices=["test", "validation"], help="held-out split (default: eval.split)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="per-turn token limit (default: rollout.max_new_tokens)")
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: the config's seed)")
+    parser.add_argument("--json", default=None, help="also write the results as JSON to this path")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, as for train")
+    parser.set_defaults(func=run_eval)
+
+
+def _load(args: argparse.Namespace):
+    from trace_gym.trainers.config import ConfigError, load_config
+
+    path = args.config
+    run = getattr(args, "run", None)
+    if run:
+        if args.config:
+            print("error: give --config or --run, not both", file=sys.stderr)
+            return None
+        path = str(Path(run) / "config.yaml")
+    try:
+        return load_config(path, args.overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """``trace-gym train``."""
+    if args.help_config:
+        from trace_gym.trainers.config import describe_fields
+
+        print("\n".join(describe_fields()))
+        return 0
+    cfg = _load(args)
+    if cfg is None:
+        return 2
+    from trace_gym.trainers.rl import RLTrainer
+
+    try:
+        trainer = RLTrainer(cfg, resume=args.resume)
+    except (FileExistsError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    records = trainer.train()
+    last = next((r for r in reversed(records) if "effective_ratio" in r), {})
+    evals = {k: v for k, v in (records[-1] if records else {}).items() if k.startswith("eval/")}
+    summary = {"output_dir": cfg.output_dir, "steps": trainer.step_index,
+               "effective_ratio": last.get("effective_ratio"), "reward/mean": last.get("reward/mean"), **evals}
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """``trace-gym eval``: held-out mean@k and pass@k per env."""
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    import trace_gym
+    from trace_gym.policy import SamplingParams
+    from trace_gym.trainers.evaluate import evaluate_env, held_out_tasks
+
+    cfg = _load(args)
+    if cfg is None:
+        return 2
+    if cfg.model.threads:
+        torch.set_num_threads(cfg.model.threads)
+    if cfg.model.name == "sim" and not args.model:
+        return _eval_sim(args, cfg)
+    env_ids = args.env or [e.id for e in cfg.envs]
+    env_kwargs = {e.id: e.kwargs for e in cfg.envs}
+    source, policy = _eval_policy(args, cfg)
+    k = args.k or cfg.eval.k
+    params = SamplingParams(max_new_tokens=args.max_new_tokens or cfg.rollout.max_new_tokens,
+                            temperature=cfg.eval.temperature if args.temperature is None else args.temperature,
+                            top_p=cfg.rollout.top_p, seed=cfg.seed if args.seed is None else args.seed)
+    results: dict[str, Any] = {"model": source, "k": k, "envs": {}}
+    for env_id in env_ids:
+        env = trace_gym.make(env_id if "/" in env_id else f"trace_gym/{env_id}", seed=cfg.seed, **env_kwargs.get(env_id, {}))
+        tasks = held_out_tasks(env, args.tasks or cfg.eval.tasks, split=args.split or cfg.eval.split)
+        results["envs"][env.env_id] = evaluate_env(policy, env, tasks, k, params)
+    table = Table(title=f"held-out evaluation of {source} (k={k})")
+    for col in ("env", "mean@k", "pass@k", "tool calls", "answered", "tasks"):
+        table.add_column(col)
+    for env_id, r in results["envs"].items():
+        table.add_row(env_id, f"{r['mean@k']:.3f}", f"{r['pass@k']:.3f}", f"{r['tool_call_rate']:.2f}", f"{r['answer_rate']:.2f}", str(r["tasks"]))
+    Console().print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def _eval_policy(args: argparse.Namespace, cfg: Any) -> tuple[str, Any]:
+    """The policy to evaluate and a description of where its weights came from."""
+    from trace_gym.policy import make_policy
+    from trace_gym.trainers.checkpoint import CheckpointManager
+    from trace_gym.trainers.sft import resolve_base, warm_start
+
+    if args.model:
+        path, _ = resolve_base(args.model, cfg.model.tiny)
+        return args.model, make_policy("hf", model=path, device=cfg.model.device)
+    start, _ = resolve_base(cfg.model.name, cfg.model.tiny)
+    if cfg.sft.enabled:
+        start = str(warm_start(cfg.model.name, cfg.sft.sft(), tiny=cfg.model.tiny, threads=cfg.model.threads))
+    policy = make_policy("hf", model=start, device=cfg.model.device)
+    if args.sft:
+        return f"{start} (SFT warm start)", policy
+    ckpt = CheckpointManager(Path(cfg.output_dir) / "checkpoints")
+    found = ckpt.load_latest()
+    if found is None:
+        return f"{start} (no checkpoint in {cfg.output_dir})", policy
+    step, state = found
+    if cfg.model.lora_rank > 0:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(policy.model, LoraConfig(r=cfg.model.lora_rank, lora_alpha=cfg.model.lora_alpha,
+                                                        target_modules=cfg.model.lora_targets, task_type="CAUSAL_LM"))
+        model.load_state_dict(state["model"])
+        policy.model = model.merge_and_unload()
+    else:
+        policy.model.load_state_dict(state["model"])
+    return f"{cfg.output_dir} step {step}", policy
+
+
+def _eval_sim(args: argparse.Namespace, cfg: Any) -> int:
+    """ContrastLab's simulated policy lives in its env's world: evaluate it through the trainer
+    (restored from the run's checkpoint when there is one)."""
+    from trace_gym.trainers.checkpoint import CheckpointManager
+    from trace_gym.trainers.rl import RLTrainer
+
+    if args.tasks:
+        cfg.eval.tasks = args.tasks
+    if args.k:
+        cfg.eval.k = args.k
+    resume = bool(CheckpointManager(Path(cfg.output_dir) / "checkpoints").steps())
+    try:
+        trainer = RLTrainer(cfg, resume=resume, log=lambda msg: print(msg, file=sys.stderr))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    results = {"model": f"sim ({cfg.output_dir} step {trainer.step_index})", "k": cfg.eval.k, "envs": trainer.evaluate()}
+    print(json.dumps(results, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0

@@ -1,0 +1,69 @@
+"""Held-out evaluation: mean@k and pass@k per env, through the same rollout engine as training.
+
+For each of ``tasks`` held-out tasks the policy samples ``k`` complete episodes. mean@k is
+the mean reward over all samples (accuracy when rewards are 0/1); pass@k is the share of
+tasks with at least one success (for graded rewards: the mean of each task's best reward).
+Also reported: the share of episodes that called a tool at least once, that ended with an
+answer (rather than the turn limit or a parse-error loop), mean turns and generated tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from trace_gym.forest import TERMINAL, TRUNCATED, Forest
+from trace_gym.policy import Policy, SamplingParams
+
+
+def evaluate_env(policy: Policy, env: Any, tasks: Sequence[Any], k: int, params: SamplingParams) -> dict[str, float]:
+    """Roll out ``k`` episodes of each task in ``tasks`` with ``policy`` on ``env``; see the module docstring."""
+    from trace_gym.rollout import RolloutEngine, TurnRecord
+
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    t0 = time.perf_counter()
+    engine = RolloutEngine(env, policy, params, on_error="record")
+    forest = Forest()
+    roots = engine.add_roots(forest, list(tasks))
+    engine.rollout(forest, np.repeat(roots, k))
+    leaves = forest.traj_leaf
+    finished = (forest.flags[leaves] & TERMINAL) != 0
+    reward = np.where(finished & ~np.isnan(forest.reward[leaves]), forest.reward[leaves], 0.0)
+    tree = forest.tree[leaves]
+    best = np.zeros(forest.n_trees)
+    np.maximum.at(best, tree, reward)
+    called = np.zeros(forest.n_trajectories, dtype=bool)
+    answered = np.zeros(forest.n_trajectories, dtype=bool)
+    for node in range(len(forest)):
+        rec = forest.payload[node]
+        if isinstance(rec, TurnRecord):
+            t = int(forest.traj[node])
+            if int(rec.info.get("tool_calls", 0) or 0) > 0:
+                called[t] = True
+            if "answer" in rec.info:
+                answered[t] = True
+    truncated = (forest.flags[leaves] & TRUNCATED) != 0
+    return {
+        "mean@k": float(reward.mean()) if reward.size else 0.0,
+        "pass@k": float(best.mean()) if best.size else 0.0,
+        "tool_call_rate": float(called.mean()) if called.size else 0.0,
+        "answer_rate": float(answered.mean()) if answered.size else 0.0,
+        "truncated_rate": float(truncated.mean()) if truncated.size else 0.0,
+        "turns": float(forest.depth[leaves].mean()) if leaves.size else 0.0,
+        "tokens_per_episode": forest.counters["generated_tokens"] / max(1, forest.n_trajectories),
+        "episodes": int(forest.n_trajectories),
+        "tasks": int(forest.n_trees),
+        "k": int(k),
+        "failed": int(forest.counters.get("failed_trajectories", 0)),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def held_out_tasks(env: Any, n: int, *, split: str = "test", start: int = 0) -> list[Any]:
+    """The first ``n`` tasks of ``split`` from index ``start`` (deterministic)."""
+    src = env.tasks()
+    n = min(int(n), int(src.size(split)) - start)
+    return [src.get(start + i, split) for i in range(n)]
