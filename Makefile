@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=20 tests
 
 run: $(STAMP)
 	$(VENV)/bin/trace-gym leaderboard run quick
