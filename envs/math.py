@@ -935,15 +935,27 @@ class MathCalcEnv(_MathEnv):
     Keyword arguments: ``seed`` (the task source's seed), ``split``, ``levels`` (a subset of
     1..5; level 1 is one small operation, 5 multi-step word problems with percentages,
     ratios and fractions), ``python_sandbox`` (add a sandboxed ``python`` tool),
-    ``max_turns``. ``task.metadata`` holds ``level``, ``kind`` and the solution ``steps``.
+    ``max_turns``, ``demo_styles`` (which solution styles :meth:`demonstrate` may use, a
+    subset of ``DEMO_STYLES``; a small model warm-started from scratch learns the tool
+    faster from ``["combined"]`` alone). ``task.metadata`` holds ``level``, ``kind`` and
+    the solution ``steps``.
     """
 
     env_id = "trace_gym/MathCalc-v0"
     default_max_turns = 6
+    #: Demonstration styles: mental arithmetic (one easy step), one combined calculator
+    #: expression, one call per step, independent steps as parallel calls.
+    DEMO_STYLES = ("direct", "combined", "stepwise", "parallel")
 
-    def __init__(self, *, seed: int = 0, levels: Iterable[int] = LEVELS, **kwargs: Any):
+    def __init__(self, *, seed: int = 0, levels: Iterable[int] = LEVELS,
+                 demo_styles: Iterable[str] = DEMO_STYLES, **kwargs: Any):
         super().__init__(seed=seed, **kwargs)
         self._source = MathCalcTasks(seed=seed, levels=levels)
+        self._demo_styles = tuple(demo_styles)
+        unknown = sorted(set(self._demo_styles) - set(self.DEMO_STYLES))
+        if unknown or not self._demo_styles:
+            raise ValueError(f"demo_styles must be a non-empty subset of {list(self.DEMO_STYLES)}, "
+                             f"got {list(self._demo_styles)}")
 
     def tasks(self) -> MathCalcTasks:
         return self._source
@@ -958,8 +970,11 @@ class MathCalcEnv(_MathEnv):
         last_label = steps[-1][0]
         closer = rng.choice(_CLOSERS).format(a=answer, label=last_label)
         level = int(task.metadata.get("level", 3))
-        style = rng.choices(["direct", "combined", "stepwise", "parallel"],
-                            weights=[3 if level == 1 else 1 if level == 2 else 0, 2, 3, 2])[0]
+        weights = [3 if level == 1 else 1 if level == 2 else 0, 2, 3, 2]
+        weights = [w if name in self._demo_styles else 0 for name, w in zip(self.DEMO_STYLES, weights)]
+        if not any(weights):  # only "direct" allowed, but this task has more than one step
+            weights = [0, 0, 1, 0]
+        style = rng.choices(self.DEMO_STYLES, weights=weights)[0]
         if style == "parallel" and not (len(steps) >= 3 and not steps[0][3] and not steps[1][3]):
             style = "stepwise"
         if style == "combined" and not task.metadata.get("combined"):

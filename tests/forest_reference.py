@@ -189,9 +189,21 @@ def adv_tree_grpo(f: Plain, scale: str = "group", eps: float = 1e-4) -> list[flo
     return _node_means(f, leaf_adv)
 
 
-def adv_trace(f: Plain) -> list[float]:
+def adv_trace(f: Plain, scale: str = "none", eps: float = 1e-4) -> list[float]:
     _, v = backup_mean(f)
-    return [snap(v[y] - v[f.parent[y]]) if f.parent[y] >= 0 and not math.isnan(v[y]) else 0.0 for y in range(len(f.parent))]
+    adv = [snap(v[y] - v[f.parent[y]]) if f.parent[y] >= 0 and not math.isnan(v[y]) else 0.0 for y in range(len(f.parent))]
+    if scale == "none":
+        return adv
+    below = f.leaves_below()
+    all_r = [f.reward[i] for i in range(len(f.parent)) if f.finished(i)]
+    batch_std = statistics.stdev(all_r) if len(all_r) >= 2 else 0.0
+    root_of = {f.tree[r]: r for r in f.roots}
+    out = []
+    for y, a in enumerate(adv):
+        group = [f.reward[l] for l in below[root_of[f.tree[y]]]]
+        std = batch_std if scale == "batch" else (statistics.stdev(group) if len(group) >= 2 else 0.0)
+        out.append(a / (std + eps))
+    return out
 
 
 ADVANTAGES = {

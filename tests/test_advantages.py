@@ -25,6 +25,8 @@ forests = st.builds(
 
 CASES = [
     ("trace", {}, "trace"),
+    ("trace", {"scale": "group"}, lambda f: ref.adv_trace(f, scale="group")),
+    ("trace", {"scale": "batch"}, lambda f: ref.adv_trace(f, scale="batch")),
     ("grpo", {}, lambda f: ref.adv_grpo(f)),
     ("grpo", {"scale": "batch"}, lambda f: ref.adv_grpo(f, scale="batch")),
     ("grpo", {"scale": "none"}, lambda f: ref.adv_grpo(f, scale="none")),
@@ -129,3 +131,25 @@ def test_registry_names_and_errors():
         f.advantages("trac")
     with pytest.raises(ValueError, match="scale"):
         f.advantages("grpo", scale="batchwise")
+    with pytest.raises(ValueError, match="scale"):
+        f.advantages("trace", scale="tree")
+
+
+def test_options_in_the_name_are_the_estimators_kwargs():
+    # "name:key=value" is how configs and the CLI name an estimator with options
+    f, *_ = _tree([(0, 1.0), (2, 0.0), (0, 0.0)])
+    assert np.array_equal(f.advantages("trace:scale=group"), f.advantages("trace", scale="group"))
+    assert np.array_equal(f.advantages("grpo:scale=none:eps=0.01"), f.advantages("grpo", scale="none", eps=0.01))
+    assert ADVANTAGES.parse("grpo:eps=0.5") == ("grpo", {"eps": 0.5})
+    with pytest.raises(ValueError, match="key=value"):
+        f.advantages("trace:group")
+    with pytest.raises(UnknownNameError, match="did you mean 'trace'"):
+        f.advantages("trac:scale=group")
+
+
+def test_scaled_trace_changes_magnitudes_not_which_nodes_learn():
+    f, *_ = _tree([(0, 1.0), (2, 0.0), (0, 0.0), (1, 1.0)])
+    plain, scaled = f.advantages("trace"), f.advantages("trace", scale="group")
+    assert np.array_equal(plain == 0, scaled == 0)
+    r = f.reward[f.leaves()]
+    assert np.allclose(scaled, plain / (np.std(r, ddof=1) + 1e-4))

@@ -40,8 +40,8 @@ def suite_dict(name: str = "small", *, seeds=(0, 1), steps: int = STEPS, allocat
     if training:  # ContrastLab's learning mode: a training track that runs in seconds
         tracks.append({
             "name": "learning", "kind": "training", "envs": ["trace_gym/ContrastLab-v0"], "policy": {"name": "sim"},
-            "allocators": ["grpo", "trace"], "budget": {"trajectories": trajectories, "candidates": CANDIDATES},
-            "steps": steps, "trainer": {"overrides": {"model.sim_shared_lr": 1.0}},
+            "allocators": ["grpo", "trace", {"name": "trace", "advantage": "trace:scale=group"}],
+            "budget": {"trajectories": trajectories, "candidates": CANDIDATES}, "steps": steps, "trainer": {"overrides": {"model.sim_shared_lr": 1.0}},
             "eval": {"split": "test", "tasks": 128, "k": 4, "every": 2},
         })
     return {"suite": name, "description": "ContrastLab at a small budget, for tests", "seeds": list(seeds), "tracks": tracks}
@@ -100,7 +100,10 @@ def test_run_writes_records_leaderboard_and_plots(runs):
 
 def test_training_track_records_accuracy_against_spend(runs):
     records = [lr.record for lr in load_records([runs["a"]]) if lr.record.kind == "training"]
-    assert sorted((r.allocator, r.seed) for r in records) == [("grpo", 0), ("grpo", 1), ("trace", 0), ("trace", 1)]
+    scaled = "trace[adv=trace:scale=group]"  # an entry with its own advantage estimator is its own row
+    assert sorted((r.allocator, r.seed) for r in records) == [("grpo", 0), ("grpo", 1), ("trace", 0), ("trace", 1),
+                                                               (scaled, 0), (scaled, 1)]
+    assert {r.allocator: r.advantage for r in records} == {"grpo": "grpo", "trace": "trace", scaled: "trace:scale=group"}
     for r in records:
         assert [e.step for e in r.evals] == [0, 2, 4]
         assert [e.trajectories for e in r.evals] == [0, 2 * M, 4 * M] and r.evals[-1].tokens == r.spent.tokens
@@ -108,8 +111,11 @@ def test_training_track_records_accuracy_against_spend(runs):
         assert r.final["accuracy_gain"] == pytest.approx(r.evals[-1].accuracy - r.evals[0].accuracy)
         # the simulated policy learns: held-out accuracy rises over the run
         assert r.evals[-1].accuracy > r.evals[0].accuracy
-    # the starting policy is the same for every allocator of a seed
+    # the starting policy is the same for every allocator of a seed; the scaled advantage
+    # updates the policy differently from the plain one
     assert len({(r.seed, r.evals[0].accuracy) for r in records}) == 2
+    final = {(r.allocator, r.seed): r.evals[-1].accuracy for r in records}
+    assert final[("trace", 0)] != final[(scaled, 0)]
     groups = rank(load_records([runs["a"]]))
     assert [g.kind for g in groups] == ["allocation", "training"]
     acc = [row.mean["accuracy"] for row in groups[1].rows]
@@ -172,6 +178,7 @@ def test_show_prints_the_ranked_table(runs, capsys):
     assert run_cli("show", runs["a"]) == 0
     out = capsys.readouterr().out
     assert "ContrastLab-v0" in out and all(a in out for a in ALLOCATORS)
+    assert "trace[adv=trace:scale=group]" in out  # brackets in a row name are printed, not read as markup
 
 
 def test_merge_of_equal_budget_runs(runs, tmp_path):
@@ -179,7 +186,7 @@ def test_merge_of_equal_budget_runs(runs, tmp_path):
     # run A twice: the same records read twice are kept once
     assert run_cli("merge", runs["a"], runs["b"], runs["a"] / "records.jsonl", "--out", out) == 0
     merged = load_records([out])
-    assert len(merged) == len(ALLOCATORS) * 3 + 4
+    assert len(merged) == len(ALLOCATORS) * 3 + 6  # allocation: 3 seeds; training: 3 entries x 2 seeds
     group = rank(merged)[0]
     assert all(row.seeds == [0, 1, 2] and row.trajectories == 3 * M * STEPS for row in group.rows)
     assert (out / "leaderboard.html").is_file() and (out / "effective_ratio.png").is_file()

@@ -256,6 +256,21 @@ def test_demonstrations_are_correct_varied_and_well_formed():
     assert env.demonstrate(env.state.task) == env.demonstrate(env.state.task)  # deterministic
 
 
+def test_demo_styles_restrict_how_demonstrations_solve():
+    # the tiny preset's warm start uses one combined calculator call per task: no mental
+    # arithmetic for a from-scratch model to imitate
+    env = trace_gym.make("trace_gym/MathCalc-v0", seed=5, levels=[1, 2], demo_styles=["combined"])
+    for i in range(60):
+        env.reset(options={"index": i})
+        turns = env.demonstrate(env.state.task)
+        assert [len(parse_turn(t).tool_calls) for t in turns] == [1, 0]
+        assert _play(env, turns)[1] == 1.0
+    with pytest.raises(ValueError, match="demo_styles"):
+        trace_gym.make("trace_gym/MathCalc-v0", demo_styles=["mental"])
+    with pytest.raises(ValueError, match="demo_styles"):
+        trace_gym.make("trace_gym/MathCalc-v0", demo_styles=[])
+
+
 def test_calculator_tool_in_an_episode_keeps_ans_in_tool_state():
     env = trace_gym.make("trace_gym/MathCalc-v0")
     env.reset(options={"index": 0})

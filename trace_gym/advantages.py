@@ -251,9 +251,28 @@ def tree_grpo(forest: Forest, scale: str = "group", eps: float = 1e-4) -> np.nda
 
 
 @ADVANTAGES.register("trace")
-def trace(forest: Forest) -> np.ndarray:
+def trace(forest: Forest, scale: str = "none", eps: float = 1e-4) -> np.ndarray:
     """TRACE's tree-aware advantage: ``A(y) = V(y) - V(parent(y))`` at every non-root node
     with finished leaves below it. 0 at roots, and 0 whenever the parent is not mixed, in
-    particular when the parent has a single child: no contrast, no signal."""
-    parent, _, n_leaves, value, lo, hi, _ = _arrays(forest)
-    return trace_kernel(parent, n_leaves, value, lo, hi, ZERO_ATOL)
+    particular when the parent has a single child: no contrast, no signal.
+
+    ``scale``: ``"none"`` (the paper's form, the default); ``"group"`` divides every
+    node's advantage by ``std_T + eps``, the unbiased std of its tree's finished-leaf
+    rewards, as GRPO does; ``"batch"`` by the std of all finished leaves of the forest.
+    Scaling changes magnitudes only, never which nodes get a non-zero advantage. It
+    matters when the optimiser is not scale-invariant (plain SGD, as in ContrastLab's
+    learning mode): unscaled value differences are several times smaller than GRPO's
+    unit-variance advantages, so an equal learning rate would compare step sizes, not
+    allocators.
+    """
+    if scale not in ("group", "batch", "none"):
+        raise ValueError(f"trace scale must be 'group', 'batch' or 'none', got {scale!r}")
+    parent, tree, n_leaves, value, lo, hi, roots = _arrays(forest)
+    adv = trace_kernel(parent, n_leaves, value, lo, hi, ZERO_ATOL)
+    if scale == "group":
+        std = node_std(forest)[roots]
+        adv = adv / (np.where(np.isnan(std), 0.0, std)[tree] + eps)
+    elif scale == "batch":
+        r = forest.reward[forest.finished()]
+        adv = adv / ((np.std(r, ddof=1) if r.size >= 2 else 0.0) + eps)
+    return adv

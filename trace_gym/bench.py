@@ -106,7 +106,7 @@ class BenchConfig:
         if self.advantage != "auto":
             from trace_gym.advantages import ADVANTAGES
 
-            ADVANTAGES.get(self.advantage)  # unknown names raise with suggestions
+            ADVANTAGES.parse(self.advantage)  # unknown names raise with suggestions
         for spec in self.allocators:
             parse_allocator(spec)
         if self.predictor:
@@ -117,9 +117,7 @@ def parse_allocator(spec: str) -> tuple[str, dict[str, Any]]:
     """``"trace:stage1=uniform:k_max=4"`` -> ``("trace", {"stage1": "uniform", "k_max": 4})``."""
     import trace_gym.allocators as allocators
 
-    name, *opts = spec.strip().split(":")
-    allocators.ALLOCATORS.get(name)  # unknown names raise with suggestions
-    kwargs = _options(spec, opts, "allocator")
+    name, kwargs = allocators.ALLOCATORS.parse(spec)  # unknown names raise with suggestions
     if "predictor" in kwargs:
         parse_predictor(str(kwargs["predictor"]))
     return name, kwargs
@@ -129,28 +127,14 @@ def parse_predictor(spec: str) -> tuple[str, dict[str, Any]]:
     """``"hashed:lr=0.03:counts=false"`` -> ``("hashed", {"lr": 0.03, "counts": False})``."""
     import trace_gym.predictors as predictors
 
-    name, *opts = spec.strip().split(":")
-    cls = predictors.PREDICTORS.get(name)  # unknown names raise with suggestions
-    kwargs = _options(spec, opts, "predictor")
+    name, kwargs = predictors.PREDICTORS.parse(spec)  # unknown names raise with suggestions
+    cls = predictors.PREDICTORS.get(name)
     params = inspect.signature(cls).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         unknown = sorted(set(kwargs) - set(params))
         if unknown:
             raise ValueError(f"predictor {spec!r}: unknown option {unknown[0]!r} (options: {', '.join(params) or 'none'})")
     return name, kwargs
-
-
-def _options(spec: str, opts: list[str], what: str) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {}
-    for opt in opts:
-        if "=" not in opt:
-            raise ValueError(f"{what} {spec!r}: options are key=value, got {opt!r}")
-        key, value = opt.split("=", 1)
-        try:
-            kwargs[key] = json.loads(value)
-        except json.JSONDecodeError:
-            kwargs[key] = value
-    return kwargs
 
 
 def _pools(world: ContrastLabWorld, config: BenchConfig) -> list[np.ndarray]:

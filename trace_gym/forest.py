@@ -398,13 +398,16 @@ class Forest:
     def advantages(self, name: str = "trace", **kwargs: Any) -> np.ndarray:
         """Per-node advantages from the estimator registered as ``name`` in
         :data:`trace_gym.advantages.ADVANTAGES` (``trace``, ``grpo``, ``dr_grpo``, ``rloo``,
-        ``treerl``, ``tree_grpo``, or a user's); ``kwargs`` go to the estimator. Backs the
-        forest up first. Returns float64 of ``len(self)``, 0 at roots; the tokens of node
+        ``treerl``, ``tree_grpo``, or a user's); ``kwargs`` go to the estimator, and
+        ``name`` may carry options itself (``"trace:scale=group"``). Backs the forest up
+        first. Returns float64 of ``len(self)``, 0 at roots; the tokens of node
         ``y`` get ``adv[y]``."""
         from trace_gym.advantages import ADVANTAGES
 
+        name, options = ADVANTAGES.parse(name)
         fn = ADVANTAGES.get(name)
         self.ensure_backed_up()
+        kwargs = {**options, **kwargs}
         adv = np.asarray(fn(self, **kwargs), dtype=np.float64)
         if adv.shape != (self._n,):
             raise ValueError(f"advantage estimator {name!r} returned shape {adv.shape}, expected ({self._n},)")

@@ -17,6 +17,7 @@ Third-party packages can also expose environments through the entry-point group
 from __future__ import annotations
 
 import difflib
+import json
 from importlib import metadata
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
@@ -66,6 +67,24 @@ class Registry(Generic[T]):
             raise UnknownNameError(
                 f"unknown {self.kind} {name!r}{hint} (registered: {', '.join(sorted(self._table)) or 'none'})"
             ) from None
+
+    def parse(self, spec: str) -> tuple[str, dict[str, Any]]:
+        """Split a spec string ``"name:key=value:key=value"`` into the registered name and
+        its options (values read as JSON where they parse, else kept as strings):
+        ``"trace:scale=group"`` -> ``("trace", {"scale": "group"})``. Unknown names raise
+        :class:`UnknownNameError` with suggestions; a malformed option raises ``ValueError``."""
+        name, *opts = spec.strip().split(":")
+        self.get(name)
+        kwargs: dict[str, Any] = {}
+        for opt in opts:
+            if "=" not in opt:
+                raise ValueError(f"{self.kind} {spec!r}: options are key=value, got {opt!r}")
+            key, value = opt.split("=", 1)
+            try:
+                kwargs[key] = json.loads(value)
+            except json.JSONDecodeError:
+                kwargs[key] = value
+        return name, kwargs
 
     def make(self, name: str, /, **kwargs: Any) -> T:
         """Build the component registered under ``name`` with ``kwargs``."""

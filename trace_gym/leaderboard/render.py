@@ -84,17 +84,18 @@ def render_markdown(groups: Sequence[Group], *, title: str = "trace-gym leaderbo
 
 def rich_tables(groups: Sequence[Group]):
     """One :class:`rich.table.Table` per group, for the terminal."""
+    from rich.markup import escape
     from rich.table import Table
 
     tables = []
     for g in groups:
         head, body = _table(g)
-        t = Table(title=g.title, caption=_budget_line(g), title_justify="left")
+        t = Table(title=escape(g.title), caption=_budget_line(g), title_justify="left")
         for i, h in enumerate(head):
             width = max(len(h) if i != 1 else 0, *(len(r[i]) for r in body)) if body else None
             t.add_column(h, justify="left" if h == "allocator" else "right", no_wrap=True, min_width=width)
         for r in body:
-            t.add_row(*r)
+            t.add_row(*map(escape, r))  # a row key like "trace[adv=...]" is text, not markup
         tables.append(t)
     return tables
 

@@ -274,8 +274,11 @@ def resolve_predictor(track: TrackSpec, alloc: AllocatorEntry) -> tuple[str | No
 
 
 def resolve_advantage(track: TrackSpec, alloc: AllocatorEntry) -> str:
-    """The advantage estimator that decides which samples are effective: the track's, else
+    """The advantage estimator that decides which samples are effective (and, in a training
+    track, what the policy is updated with): the allocator entry's, else the track's, else
     the one matching the allocator's forests (its class's ``advantage``), else ``trace``."""
+    if alloc.advantage is not None:
+        return alloc.advantage
     if track.advantage is not None:
         return track.advantage
     from trace_gym.allocator import ALLOCATORS

@@ -73,6 +73,12 @@ def _check_registered(kind: str, name: str) -> str:
     return name
 
 
+def _check_estimator(spec: str | None) -> str | None:
+    if spec is not None:
+        _check_registered("advantage estimator", spec.split(":", 1)[0])  # options: "trace:scale=group"
+    return spec
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -98,13 +104,15 @@ class EnvEntry(_Strict):
 class AllocatorEntry(_Strict):
     """One allocator of a track: a registered name, its kwargs, a display label, and
     optionally the predictor it runs with (default: the track's, else the allocator's own
-    ``default_predictor``; ``"none"`` for no predictor)."""
+    ``default_predictor``; ``"none"`` for no predictor) and the advantage estimator, with
+    options as ``"trace:scale=group"`` (default: the track's, else the allocator's own)."""
 
     name: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
     label: str | None = None
     predictor: str | None = None
     predictor_kwargs: dict[str, Any] = Field(default_factory=dict)
+    advantage: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -116,14 +124,21 @@ class AllocatorEntry(_Strict):
     def _predictor(cls, v: str | None) -> str | None:
         return v if v in (None, "none") else _check_registered("predictor", v)
 
+    @field_validator("advantage")
+    @classmethod
+    def _estimator(cls, v: str | None) -> str | None:
+        return _check_estimator(v)
+
     @property
     def key(self) -> str:
-        """The row name on the leaderboard: the label, else ``name(k=v,...)``."""
+        """The row name on the leaderboard: the label, else ``name(k=v,...)``, with
+        ``[adv=...]`` where the entry sets its own advantage estimator."""
         if self.label:
             return self.label
-        if not self.kwargs:
-            return self.name
-        return self.name + "(" + ",".join(f"{k}={v}" for k, v in sorted(self.kwargs.items())) + ")"
+        key = self.name
+        if self.kwargs:
+            key += "(" + ",".join(f"{k}={v}" for k, v in sorted(self.kwargs.items())) + ")"
+        return key + (f"[adv={self.advantage}]" if self.advantage else "")
 
 
 class BudgetSpec(_Strict):
@@ -249,7 +264,7 @@ class TrackSpec(_Strict):
     @field_validator("advantage")
     @classmethod
     def _estimator(cls, v: str | None) -> str | None:
-        return None if v is None else _check_registered("advantage estimator", v)
+        return _check_estimator(v)
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrackSpec":
