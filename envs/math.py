@@ -30,6 +30,7 @@ import os
 import random
 import re
 import zlib
+import warnings
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Callable, Iterable, Mapping
@@ -250,7 +251,9 @@ def evaluate_expression(expression: str, variables: Mapping[str, Number] | None 
     for old, new in _REWRITES:
         text = text.replace(old, new)
     try:
-        tree = ast.parse(text, mode="eval")
+        with warnings.catch_warnings():  # "2x" is a model's typo, not a warning for the user's terminal
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(text, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         raise CalculatorError(f"cannot parse {expression.strip()[:80]!r} as an arithmetic expression") from None
     nodes = 0

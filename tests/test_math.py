@@ -58,6 +58,16 @@ def test_calculator_refuses_with_a_message(expression, fragment):
         evaluate_expression(expression)
 
 
+def test_calculator_typos_raise_no_python_warnings():
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # "2or 3" makes ast.parse warn "invalid decimal literal"
+        with pytest.raises(CalculatorError):
+            evaluate_expression("2or 3")
+    assert [str(w.message) for w in caught] == []
+
+
 def test_calculator_uses_ans_and_stays_exact():
     assert evaluate_expression("ans * 3", {"ans": Fraction(1, 3)}) == 1
     assert isinstance(evaluate_expression("0.1 * 3"), Fraction)
