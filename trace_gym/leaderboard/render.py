@@ -228,7 +228,7 @@ div.scroll{overflow-x:auto}
 table{border-collapse:collapse;font-size:.88em;margin:.4em 0 1em}
 th,td{border:1px solid #d4d8e0;padding:.3em .55em;text-align:right;white-space:nowrap}
 th{white-space:normal;vertical-align:bottom}
-th{background:#eef1f6} td.alloc{text-align:left;font-weight:600} tr.first td{background:#eaf6ea}
+th{background:#eef1f6} td.alloc{text-align:left;font-weight:600} th:nth-child(2){text-align:left} tr.first td{background:#eaf6ea}
 figure{margin:1em 0} figure img{max-width:100%;border:1px solid #e1e4ea}
 figcaption{color:#5a6273;font-size:.88em}
 """
