@@ -428,7 +428,24 @@ _SINGLE_TURN_SYSTEM = (
 )
 
 
-class BFCLEnv(AgentEnv):
+class _BFCLEnvBase(AgentEnv):
+    """What the single- and multi-turn BFCL envs share: ``category`` (one of the subclass's
+    ``categories_allowed``, a list of them, or ``"all"``) picks the tasks from BFCL's data."""
+
+    task_kind: ClassVar[str]
+    categories_allowed: ClassVar[tuple[str, ...]]
+
+    def __init__(self, *, category: str | Sequence[str] | None = "all", **kwargs: Any):
+        self._bfcl = require_bfcl()
+        super().__init__(**kwargs)
+        self.categories = _categories(category, self.categories_allowed)
+        self._source = _task_source(self.task_kind, self.categories)
+
+    def tasks(self) -> BFCLTasks:
+        return self._source
+
+
+class BFCLEnv(_BFCLEnvBase):
     """``trace_gym/BFCL-v0``: BFCL's single-turn AST categories, judged by BFCL's ``ast_checker``.
 
     ``category`` is one of :data:`SINGLE_TURN_CATEGORIES`, a list of them, or ``"all"`` (the
@@ -441,15 +458,8 @@ class BFCLEnv(AgentEnv):
     env_id: ClassVar[str] = "trace_gym/BFCL-v0"
     default_max_turns: ClassVar[int] = 3
     system_prompt: ClassVar[str] = _SINGLE_TURN_SYSTEM
-
-    def __init__(self, *, category: str | Sequence[str] | None = "all", **kwargs: Any):
-        require_bfcl()
-        super().__init__(**kwargs)
-        self.categories = _categories(category, SINGLE_TURN_CATEGORIES)
-        self._source = _task_source("single", self.categories)
-
-    def tasks(self) -> BFCLTasks:
-        return self._source
+    task_kind: ClassVar[str] = "single"
+    categories_allowed: ClassVar[tuple[str, ...]] = SINGLE_TURN_CATEGORIES
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
@@ -561,7 +571,7 @@ def _safe_unknown_name(name: str, bfcl: types.SimpleNamespace) -> bool:
     )
 
 
-class BFCLMultiTurnEnv(AgentEnv):
+class BFCLMultiTurnEnv(_BFCLEnvBase):
     """``trace_gym/BFCLMultiTurn-v0``: BFCL ``multi_turn_base`` with BFCL's API simulators as
     stateful tools, judged by BFCL's ``multi_turn_checker``.
 
@@ -580,15 +590,8 @@ class BFCLMultiTurnEnv(AgentEnv):
     env_id: ClassVar[str] = "trace_gym/BFCLMultiTurn-v0"
     default_max_turns: ClassVar[int] = 64
     system_prompt: ClassVar[str] = _MULTI_TURN_SYSTEM
-
-    def __init__(self, *, category: str | Sequence[str] | None = "all", **kwargs: Any):
-        self._bfcl = require_bfcl()
-        super().__init__(**kwargs)
-        self.categories = _categories(category, MULTI_TURN_CATEGORIES)
-        self._source = _task_source("multi", self.categories)
-
-    def tasks(self) -> BFCLTasks:
-        return self._source
+    task_kind: ClassVar[str] = "multi"
+    categories_allowed: ClassVar[tuple[str, ...]] = MULTI_TURN_CATEGORIES
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
