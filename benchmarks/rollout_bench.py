@@ -40,6 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="model alias or directory (default smollm2-135m)")
     p.add_argument("--env", default="trace_gym/MathCalc-v0")
+    p.add_argument("--env-kwargs", default="{}", help='env arguments as JSON, e.g. \'{"levels": [1, 2, 3]}\'')
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--steps", type=int, default=10, help="allocation steps per allocator (default 10)")
     p.add_argument("--prompts", type=int, default=32, help="candidate prompts per step (default 32)")
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     policy = HFPolicy(args.model, device="cpu", kv_cache_tokens=args.kv_cache_tokens)
     plain = HFPolicy(policy.model, tokenizer=policy.tokenizer, share_prefix=False, kv_cache_tokens=0)
     print(f"model loaded in {time.perf_counter() - t:.1f} s")
-    env = trace_gym.make(args.env, seed=args.seed, max_turns=args.max_turns)
+    env = trace_gym.make(args.env, seed=args.seed, max_turns=args.max_turns, **json.loads(args.env_kwargs))
     result: dict[str, Any] = {"args": vars(args), "threads": torch.get_num_threads()}
     if "batching" not in skip:
         result["batching"] = part_batching(policy, plain, env, args)

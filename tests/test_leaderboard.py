@@ -339,6 +339,15 @@ def test_presets_validate(preset):
         assert {"grpo", "trace"} <= {a.name for a in t.allocators}
 
 
+def test_every_preset_file_validates():
+    from trace_gym.leaderboard.runner import preflight
+    from trace_gym.leaderboard.spec import preset_names
+
+    assert {"quick", "standard", "paper", "smollm2-math"} <= set(preset_names())
+    for name in preset_names():
+        preflight(load_suite(name))
+
+
 def test_suite_yaml_round_trip():
     spec = parse_suite(suite_dict())
     assert parse_suite(spec.model_dump(mode="json")) == spec
