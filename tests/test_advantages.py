@@ -145,6 +145,10 @@ def test_options_in_the_name_are_the_estimators_kwargs():
         f.advantages("trace:group")
     with pytest.raises(UnknownNameError, match="did you mean 'trace'"):
         f.advantages("trac:scale=group")
+    with pytest.raises(ValueError, match=r"unknown option 'sale' \(options: scale, eps\)"):
+        f.advantages("trace:sale=group")
+    with pytest.raises(ValueError, match="unknown option 'scale'"):
+        f.advantages("treerl", scale="group")
 
 
 def test_scaled_trace_changes_magnitudes_not_which_nodes_learn():

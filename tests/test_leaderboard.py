@@ -293,6 +293,8 @@ BAD_SUITES = {
                     "tracks[0].budget.candidate: unknown key 'candidate'; did you mean 'candidates'?"),
     "training without eval": (lambda d: d["tracks"][0].__setitem__("kind", "training"), "needs an `eval` section"),
     "duplicate allocator": (lambda d: d["tracks"][0].__setitem__("allocators", ["grpo", "grpo"]), "appear more than once"),
+    "bad estimator option": (lambda d: d["tracks"][0].__setitem__("allocators", ["grpo", {"name": "trace", "advantage": "trace:sale=group"}]),
+                             "tracks[0].allocators[1].advantage: advantage estimator 'trace': unknown option 'sale' (options: scale, eps)"),
 }
 
 

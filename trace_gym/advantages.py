@@ -24,18 +24,40 @@ Conventions shared by all estimators:
 
 from __future__ import annotations
 
+import inspect
+from typing import Any, Callable
+
 import numba as nb
 import numpy as np
 
 from trace_gym.forest import Forest
 from trace_gym.registry import Registry
 
-__all__ = ["ADVANTAGES", "ZERO_ATOL", "grpo", "dr_grpo", "rloo", "treerl", "tree_grpo", "trace", "node_std"]
+__all__ = ["ADVANTAGES", "ZERO_ATOL", "resolve_estimator", "grpo", "dr_grpo", "rloo", "treerl", "tree_grpo", "trace", "node_std"]
 
 ADVANTAGES: Registry = Registry("advantage estimator")
 """Name -> estimator ``fn(forest, **kw) -> float64[len(forest)]``."""
 
 ZERO_ATOL = 1e-12
+
+
+def resolve_estimator(spec: str, **kwargs: Any) -> tuple[Callable[..., np.ndarray], dict[str, Any]]:
+    """The estimator named by ``spec`` (``"trace"``, or with options ``"trace:scale=group"``)
+    and its keyword arguments (``kwargs`` override the spec's options). Unknown names raise
+    with suggestions; an option the estimator does not take raises ``ValueError`` naming it
+    and the ones it does take."""
+    name, options = ADVANTAGES.parse(spec)
+    fn = ADVANTAGES.get(name)
+    kwargs = {**options, **kwargs}
+    if kwargs:
+        params = list(inspect.signature(fn).parameters.values())
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            allowed = [p.name for p in params[1:]]  # the first is the forest
+            for key in kwargs:
+                if key not in allowed:
+                    raise ValueError(f"advantage estimator {name!r}: unknown option {key!r} "
+                                     f"(options: {', '.join(allowed) or 'none'})")
+    return fn, kwargs
 
 
 # ----------------------------------------------------------------------------- kernels

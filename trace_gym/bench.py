@@ -104,9 +104,9 @@ class BenchConfig:
         if unknown:
             raise ValueError(f"--world: unknown setting {unknown[0]!r} (settings: {', '.join(sorted(allowed))})")
         if self.advantage != "auto":
-            from trace_gym.advantages import ADVANTAGES
+            from trace_gym.advantages import resolve_estimator
 
-            ADVANTAGES.parse(self.advantage)  # unknown names raise with suggestions
+            resolve_estimator(self.advantage)  # unknown names and options raise with suggestions
         for spec in self.allocators:
             parse_allocator(spec)
         if self.predictor:

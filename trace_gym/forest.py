@@ -402,12 +402,10 @@ class Forest:
         ``name`` may carry options itself (``"trace:scale=group"``). Backs the forest up
         first. Returns float64 of ``len(self)``, 0 at roots; the tokens of node
         ``y`` get ``adv[y]``."""
-        from trace_gym.advantages import ADVANTAGES
+        from trace_gym.advantages import resolve_estimator
 
-        name, options = ADVANTAGES.parse(name)
-        fn = ADVANTAGES.get(name)
+        fn, kwargs = resolve_estimator(name, **kwargs)
         self.ensure_backed_up()
-        kwargs = {**options, **kwargs}
         adv = np.asarray(fn(self, **kwargs), dtype=np.float64)
         if adv.shape != (self._n,):
             raise ValueError(f"advantage estimator {name!r} returned shape {adv.shape}, expected ({self._n},)")

@@ -76,6 +76,9 @@ def _check_registered(kind: str, name: str) -> str:
 def _check_estimator(spec: str | None) -> str | None:
     if spec is not None:
         _check_registered("advantage estimator", spec.split(":", 1)[0])  # options: "trace:scale=group"
+        from trace_gym.advantages import resolve_estimator
+
+        resolve_estimator(spec)  # the options the estimator takes
     return spec
 
 
