@@ -286,18 +286,13 @@ class OpenAIPolicy(ChatPolicy):
         info: dict[str, Any] = {"retokenized": True, "prefill_tokens": len(prompt) - _cached(usage), "reused_prefix_tokens": _cached(usage)}
         with self._lock:
             d = self.drift
-            if "prompt_tokens" in usage:
-                diff = abs(int(usage["prompt_tokens"]) - len(prompt))
-                d["prompts"] += 1
-                d["prompt_mismatch"] += int(diff > 0)
-                d["prompt_token_diff"] += diff
-                info["prompt_drift_tokens"] = diff
-            if "completion_tokens" in usage:
-                diff = abs(int(usage["completion_tokens"]) - len(ids))
-                d["completions"] += 1
-                d["completion_mismatch"] += int(diff > 0)
-                d["completion_token_diff"] += diff
-                info["completion_drift_tokens"] = diff
+            for kind, ours in (("prompt", len(prompt)), ("completion", len(ids))):
+                if f"{kind}_tokens" in usage:
+                    diff = abs(int(usage[f"{kind}_tokens"]) - ours)
+                    d[f"{kind}s"] += 1
+                    d[f"{kind}_mismatch"] += int(diff > 0)
+                    d[f"{kind}_token_diff"] += diff
+                    info[f"{kind}_drift_tokens"] = diff
         return Generation(ids, [math.nan] * len(ids), self.chat.decode(ids), finish, info=info)
 
     async def _agenerate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
