@@ -9,7 +9,7 @@ meant to be used with (``default_predictor``, None when it needs none) and the a
 estimator that matches its forests (``advantage``).
 """
 
-from trace_gym.allocator import ALLOCATORS
+from trace_gym.allocation.allocator import ALLOCATORS
 
 register = ALLOCATORS.register
 names = ALLOCATORS.names

@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 import numba as nb
 import numpy as np
 
-from trace_gym.allocator import Allocator, Budget
+from trace_gym.allocation.allocator import Allocator, Budget
 from trace_gym.allocators import register
-from trace_gym.forest import Forest
+from trace_gym.forest.forest import Forest
 
 
 def knapsack_value(p: np.ndarray, n: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ import numpy as np
 
 from trace_gym.allocators import register
 from trace_gym.allocators.trace import TraceAllocator
-from trace_gym.forest import Forest
+from trace_gym.forest.forest import Forest
 
 
 @register("oracle")

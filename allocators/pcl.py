@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from trace_gym.allocator import Allocator, Budget
+from trace_gym.allocation.allocator import Allocator, Budget
 from trace_gym.allocators import register
-from trace_gym.forest import Forest
+from trace_gym.forest.forest import Forest
 
 
 @register("pcl")

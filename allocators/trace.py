@@ -1,14 +1,14 @@
 """``trace``: TRACE's two-stage active allocation (PAPER.md sec. 3).
 
 Stage 1 (``stage1="active"``): the predictor scores every candidate prompt, and
-:func:`~trace_gym.solvers.solve_roots` picks rollouts per prompt maximising the expected
+:func:`~trace_gym.allocation.solvers.solve_roots` picks rollouts per prompt maximising the expected
 number of mixed groups, ``sum 1 - v^m - (1-v)^m`` with ``m`` in ``{0} u [m_min, m_max]``,
 within ``M_root = root_fraction * M``.
 
 Stage 2 (``stage2="active"``): every prefix whose subtree is still pure (all leaves below
 it share the outcome ``r``), from the roots that got rollouts down to the last non-terminal
 turn, is a candidate. The predictor scores each, and
-:func:`~trace_gym.solvers.solve_prefixes` spreads the remaining budget to maximise
+:func:`~trace_gym.allocation.solvers.solve_prefixes` spreads the remaining budget to maximise
 ``sum 1 - (r V + (1-r)(1 - V))^k``, the expected number of prefixes whose subtree becomes
 mixed. A prefix whose subtree is already mixed has nothing left to gain there and is not
 a candidate; if no pure prefix is left at all, the budget goes out uniformly.
@@ -60,11 +60,11 @@ from typing import Any, ClassVar
 import numba as nb
 import numpy as np
 
-from trace_gym.allocator import Allocator, Budget
+from trace_gym.allocation.allocator import Allocator, Budget
 from trace_gym.allocators import register
 from trace_gym.allocators.uniform import uniform_prefixes, uniform_roots
-from trace_gym.forest import TERMINAL, Forest
-from trace_gym.solvers import solve_prefixes, solve_roots
+from trace_gym.forest.forest import TERMINAL, Forest
+from trace_gym.allocation.solvers import solve_prefixes, solve_roots
 
 STAGES = ("uniform", "active")
 

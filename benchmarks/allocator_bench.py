@@ -29,8 +29,8 @@ import json
 import statistics
 import time
 
-from trace_gym.bench import DEFAULT_ALLOCATORS, BenchConfig, print_table, run_bench
-from trace_gym.envs.contrastlab import DEFAULT_DIFFICULTY
+from trace_gym.sim.bench import DEFAULT_ALLOCATORS, BenchConfig, print_table, run_bench
+from trace_gym.sim import DEFAULT_DIFFICULTY
 
 OTHERS = ["beta:0.5,0.5", "beta:0.5,2", "beta:2,0.5"]
 CORE = ["grpo", "uniform", "trace", "oracle", "pcl"]
@@ -137,7 +137,7 @@ def main() -> None:
     check("oracle >= trace > uniform > grpo on >= 3 distributions", ordered >= 3,
           f"holds on {ordered} of {len(diffs)} (oracle >= trace > uniform and trace > grpo: {partial} of {len(diffs)}; "
           "uniform > grpo cannot hold: uniform branching mixes groups less often per trajectory than fresh "
-          "rollouts, see 'A consequence worth knowing' in envs/contrastlab.py)")
+          "rollouts, see 'A consequence worth knowing' in the README's design notes)")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({str(s): r for s, r in runs.items()} if len(seeds) > 1 else runs[seeds[0]], fh, indent=2)

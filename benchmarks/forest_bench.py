@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the plain-Python reference lives with the tests
 
 import forest_reference as ref  # noqa: E402
-from trace_gym.forest import Forest  # noqa: E402
-from trace_gym.solvers import solve_prefixes, solve_roots  # noqa: E402
+from trace_gym.forest.forest import Forest  # noqa: E402
+from trace_gym.allocation.solvers import solve_prefixes, solve_roots  # noqa: E402
 
 ROOT_BUDGET = 512
 PREFIX_BUDGET = 512

@@ -65,7 +65,7 @@ def rss_gb() -> float:
 
 
 def part_batching(policy, plain, env, args) -> dict[str, Any]:
-    from trace_gym.policy import SamplingParams
+    from trace_gym.policies.base import SamplingParams
 
     tasks = [env.tasks().get(i) for i in range(args.throughput_prompts)]
     prompts = []
@@ -110,7 +110,7 @@ def part_batching(policy, plain, env, args) -> dict[str, Any]:
 
 
 def one_step(engine, env, allocator: str, budget, n_prompts: int, start: int, predictor=None):
-    from trace_gym.forest import Forest
+    from trace_gym.forest.forest import Forest
 
     forest = Forest(capacity=8 * budget.trajectories)
     engine.add_roots(forest, [env.tasks().get(start + i) for i in range(n_prompts)])
@@ -120,9 +120,9 @@ def one_step(engine, env, allocator: str, budget, n_prompts: int, start: int, pr
 
 
 def part_reuse(policy, plain, env, args) -> dict[str, Any]:
-    from trace_gym.allocator import Budget
-    from trace_gym.policy import SamplingParams
-    from trace_gym.rollout import RolloutEngine
+    from trace_gym.allocation.allocator import Budget
+    from trace_gym.policies.base import SamplingParams
+    from trace_gym.rollout.engine import RolloutEngine
 
     budget = Budget(trajectories=args.reuse_budget, root_fraction=0.5, min_per_prompt=2)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=args.seed)
@@ -151,10 +151,10 @@ def part_reuse(policy, plain, env, args) -> dict[str, Any]:
 
 def part_allocation(policy, env, args) -> dict[str, Any]:
     import trace_gym
-    from trace_gym.allocator import Budget, make_allocator
-    from trace_gym.forest import TERMINAL
-    from trace_gym.policy import SamplingParams
-    from trace_gym.rollout import RolloutEngine
+    from trace_gym.allocation.allocator import Budget, make_allocator
+    from trace_gym.forest.forest import TERMINAL
+    from trace_gym.policies.base import SamplingParams
+    from trace_gym.rollout.engine import RolloutEngine
 
     budget = Budget(trajectories=args.budget, root_fraction=0.5, min_per_prompt=2, group_size=max(1, args.budget // args.prompts))
     rng = np.random.default_rng(args.seed)

@@ -6,7 +6,7 @@ module (and none of their dependencies) until an env is made.
 
 from trace_gym.registry import register
 
-register("trace_gym/ContrastLab-v0", entry_point="trace_gym.envs.contrastlab:ContrastLabEnv")
+register("trace_gym/ContrastLab-v0", entry_point="trace_gym.sim.env:ContrastLabEnv")
 register("trace_gym/MultiHopQA-v0", entry_point="trace_gym.envs.multihop:MultiHopQAEnv")
 register("trace_gym/BFCL-v0", entry_point="trace_gym.envs.bfcl:BFCLEnv")
 register("trace_gym/BFCLMultiTurn-v0", entry_point="trace_gym.envs.bfcl:BFCLMultiTurnEnv")

@@ -44,8 +44,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
-from trace_gym.env import AgentEnv, EnvUnavailable, TurnResult
-from trace_gym.react import ParsedTurn, ToolCall, format_answer, format_tool_call
+from trace_gym.env.base import AgentEnv, EnvUnavailable, TurnResult
+from trace_gym.env.react import ParsedTurn, ToolCall, format_answer, format_tool_call
 from trace_gym.task import Split, Task
 
 SINGLE_TURN_CATEGORIES: tuple[str, ...] = ("simple", "multiple", "parallel", "parallel_multiple", "irrelevance")

@@ -7,7 +7,7 @@
 * ``trace_gym/GSM8K-v0`` and ``trace_gym/MATH-v0``: the datasets, loaded through
   ``datasets`` (the ``datasets`` extra). Offline, pass local files of the same schema with
   ``data_files=`` (or ``path=``); otherwise the constructor raises
-  :class:`~trace_gym.env.EnvUnavailable` saying so.
+  :class:`~trace_gym.env.base.EnvUnavailable` saying so.
 
 Every math env takes ``python_sandbox=True`` to add a ``python`` tool that runs code in a
 sandboxed subprocess (:mod:`trace_gym.envs.sandbox`).
@@ -37,10 +37,10 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from trace_gym.env import AgentEnv, EnvUnavailable, TurnResult
-from trace_gym.react import ParsedTurn, format_turn
+from trace_gym.env.base import AgentEnv, EnvUnavailable, TurnResult
+from trace_gym.env.react import ParsedTurn, format_turn
 from trace_gym.task import Split, Task
-from trace_gym.tools import Tool, ToolError
+from trace_gym.env.tools import Tool, ToolError
 
 __all__ = [
     "CalculatorError", "GSM8KEnv", "MATHEnv", "MathCalcEnv", "MathCalcTasks", "evaluate_expression",

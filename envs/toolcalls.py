@@ -28,10 +28,10 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
-from trace_gym.env import AgentEnv, TurnResult
-from trace_gym.react import ParsedTurn, format_answer, format_tool_call
+from trace_gym.env.base import AgentEnv, TurnResult
+from trace_gym.env.react import ParsedTurn, format_answer, format_tool_call
 from trace_gym.task import Split, Task
-from trace_gym.tools import Tool, ToolError
+from trace_gym.env.tools import Tool, ToolError
 
 DIFFICULTIES = (1, 2, 3, 4)
 _SPLIT_CODE = {"train": 0, "validation": 1, "test": 2}

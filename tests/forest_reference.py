@@ -1,5 +1,5 @@
 """Plain-Python reference implementations of the forest kernels and the allocation
-solvers, written straight from the definitions (PAPER.md, trace_gym.advantages), plus a
+solvers, written straight from the definitions (PAPER.md, trace_gym.forest.advantages), plus a
 random-forest builder. The tests compare the numba kernels with these; the benchmark
 (benchmarks/forest_bench.py) times them side by side.
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trace_gym.forest import Forest
+from trace_gym.forest.forest import Forest
 
 ZERO_ATOL = 1e-12
 
@@ -265,7 +265,7 @@ def optimum(best_by_spend: dict[int, float], tol: float = 1e-12) -> tuple[float,
 
 
 def solve_roots(v, budget: int, m_min: int = 2, m_max: int = 0) -> list[int]:
-    """The exact stage-1 algorithm of trace_gym.solvers in plain Python (heapq): the top-K
+    """The exact stage-1 algorithm of trace_gym.allocation.solvers in plain Python (heapq): the top-K
     prompts by min(v, 1-v), extras by unit greedy, K swept from its largest value down."""
     n = len(v)
     kmax = min(n, budget // m_min)

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 
 import trace_gym
-from trace_gym.forest import BRANCH, TERMINAL, Forest
-from trace_gym.policy import Generation, Policy
-from trace_gym.rollout import TurnRecord, chat_renderer, prefix_ids
+from trace_gym.forest.forest import BRANCH, TERMINAL, Forest
+from trace_gym.policies.base import Generation, Policy
+from trace_gym.rollout.engine import TurnRecord, chat_renderer, prefix_ids
 
 
 class Recording(Policy):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import forest_reference as ref
 from trace_gym import Forest
-from trace_gym.advantages import ADVANTAGES, grpo, tree_grpo
+from trace_gym.forest.advantages import ADVANTAGES, grpo, tree_grpo
 from trace_gym.registry import UnknownNameError
 
 forests = st.builds(

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import trace_gym
-from trace_gym.allocator import Budget, add_candidates, allocate_step
+from trace_gym.allocation.allocator import Budget, add_candidates, allocate_step
 from trace_gym.allocators.knapsack import knapsack_counts, knapsack_value
 from trace_gym.allocators.trace import solve_roots_beta, v_root_beta
 from trace_gym.allocators.uniform import uniform_prefixes
-from trace_gym.envs.contrastlab import ContrastLabSim, ContrastLabWorld
-from trace_gym.forest import TERMINAL, Forest
-from trace_gym.solvers import solve_roots, v_root
+from trace_gym.sim import ContrastLabSim, ContrastLabWorld
+from trace_gym.forest.forest import TERMINAL, Forest
+from trace_gym.allocation.solvers import solve_roots, v_root
 
 SPECS = [
     ("grpo", {}), ("uniform", {}), ("trace", {}), ("trace", {"stage1": "uniform"}), ("trace", {"stage2": "uniform"}),

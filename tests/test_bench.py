@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from trace_gym.bench import BenchConfig, parse_allocator, parse_predictor, run_bench
-from trace_gym.cli import main
+from trace_gym.sim.bench import BenchConfig, parse_allocator, parse_predictor, run_bench
+from trace_gym.cli.main import main
 
 
 def test_bench_cli_writes_the_documented_json(tmp_path, capsys):

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trace_gym
-from trace_gym.env import EnvSnapshot, EnvUnavailable
+from trace_gym.env.base import EnvSnapshot, EnvUnavailable
 from trace_gym.envs import bfcl as B
-from trace_gym.react import format_answer, format_tool_call
+from trace_gym.env.react import format_answer, format_tool_call
 
 CHECKER = B.require_bfcl()  # installs the model_config stand-in before BFCL's checker is imported
 from bfcl_eval.eval_checker.ast_eval.ast_checker import ast_checker  # noqa: E402

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 import trace_gym
-from trace_gym.allocator import add_candidates
-from trace_gym.envs.contrastlab import (
+from trace_gym.allocation.allocator import add_candidates
+from trace_gym.sim import (
     DEFAULT_DIFFICULTY, ContrastLabSim, ContrastLabWorld, DifficultyError, parse_difficulty, word_tokens,
 )
-from trace_gym.forest import TERMINAL, Forest
-from trace_gym.policy import SamplingParams
+from trace_gym.forest.forest import TERMINAL, Forest
+from trace_gym.policies.base import SamplingParams
 
 
 # ----------------------------------------------------------------------------- difficulty specs

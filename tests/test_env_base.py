@@ -14,12 +14,12 @@ import pytest
 from pydantic import ValidationError
 
 import trace_gym
-from trace_gym.env import (MAX_ACTION_CHARS, TEXT_CHARSET, AgentEnv, AgentText, EnvSnapshot, EnvUnavailable,
+from trace_gym.env.base import (MAX_ACTION_CHARS, TEXT_CHARSET, AgentEnv, AgentText, EnvSnapshot, EnvUnavailable,
                            TurnResult, clean_text)
-from trace_gym.react import MAX_TOOL_CALLS_PER_TURN, format_answer, format_tool_call, format_turn, parse_turn
+from trace_gym.env.react import MAX_TOOL_CALLS_PER_TURN, format_answer, format_tool_call, format_turn, parse_turn
 from trace_gym.registry import ENTRY_POINT_GROUP, Registry, UnknownNameError, load_plugins
 from trace_gym.task import Task
-from trace_gym.tools import Tool, ToolError, tool
+from trace_gym.env.tools import Tool, ToolError, tool
 
 # ----------------------------------------------------------------------------- parse_turn
 

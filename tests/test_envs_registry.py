@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trace_gym
-from trace_gym.env import EnvSnapshot, EnvUnavailable
-from trace_gym.react import format_answer, format_tool_call, parse_turn
+from trace_gym.env.base import EnvSnapshot, EnvUnavailable
+from trace_gym.env.react import format_answer, format_tool_call, parse_turn
 
 DATA = Path(__file__).parent / "data"
 
@@ -320,8 +320,8 @@ def test_hedged_answers_get_zero(env_id):
 
 
 def test_envs_command_lists_the_registry(capsys):
-    from trace_gym.cli import main
-    from trace_gym.play import env_rows
+    from trace_gym.cli.main import main
+    from trace_gym.cli.play import env_rows
 
     assert main(["envs", "--json", "--no-tools"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -336,7 +336,7 @@ def test_envs_command_lists_the_registry(capsys):
 
 
 def test_play_reads_turns_from_stdin_until_a_dot_line(monkeypatch, capsys):
-    from trace_gym.cli import main
+    from trace_gym.cli.main import main
 
     env = trace_gym.make("trace_gym/MathCalc-v0")
     env.reset(options={"index": 2})
@@ -359,7 +359,7 @@ def test_play_reads_turns_from_stdin_until_a_dot_line(monkeypatch, capsys):
 
 
 def test_play_end_of_input_and_errors(monkeypatch, capsys):
-    from trace_gym.cli import main
+    from trace_gym.cli.main import main
 
     monkeypatch.setattr(sys, "stdin", io.StringIO("<answer>-1</answer>"))  # EOF ends the turn and the game
     assert main(["play", "trace_gym/MathCalc-v0", "--seed", "3"]) == 0
@@ -380,7 +380,7 @@ def test_play_as_a_real_command():
     env.reset(options={"index": 0})
     task = env.state.task
     stdin = f"<answer>{task.ground_truth}</answer>\n.\n"
-    proc = subprocess.run([sys.executable, "-m", "trace_gym.cli", "play", "trace_gym/MathCalc-v0", "--task-id", task.id],
+    proc = subprocess.run([sys.executable, "-m", "trace_gym.cli.main", "play", "trace_gym/MathCalc-v0", "--task-id", task.id],
                           input=stdin, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert task.prompt in proc.stdout and "reward 1" in proc.stdout

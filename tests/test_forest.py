@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import forest_reference as ref
 from trace_gym import Forest
-from trace_gym.forest import BRANCH, TERMINAL
+from trace_gym.forest.forest import BRANCH, TERMINAL
 
 SETTINGS = settings(max_examples=40, deadline=None)
 forests = st.builds(

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 
-from trace_gym.cli import main
+from trace_gym.cli.main import main
 from trace_gym.leaderboard import (
     RecordError, SuiteError, UnequalBudget, load_records, load_suite, parse_suite, rank,
 )

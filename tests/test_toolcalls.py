@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trace_gym
-from trace_gym.env import EnvSnapshot
+from trace_gym.env.base import EnvSnapshot
 from trace_gym.envs import toolcalls as TC
-from trace_gym.react import format_answer, format_tool_call
+from trace_gym.env.react import format_answer, format_tool_call
 
 
 @pytest.fixture(scope="module")

@@ -62,7 +62,7 @@ def _config(tmp_path: Path, name: str, **changes) -> Path:
 
 
 def _train(config: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "trace_gym.cli", "train", "--config", str(config), *extra],
+    return subprocess.Popen([sys.executable, "-m", "trace_gym.cli.main", "train", "--config", str(config), *extra],
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -144,7 +144,7 @@ def test_sigkill_mid_step_then_resume_matches_uninterrupted_run(reference, tmp_p
 
 
 def test_bad_config_names_the_key(tmp_path, capsys):
-    from trace_gym.cli import main
+    from trace_gym.cli.main import main
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"allocator": {"nmae": "grpo"}, "optim": {"lr": -1}}))
@@ -164,7 +164,7 @@ def test_bad_config_names_the_key(tmp_path, capsys):
 
 
 def test_eval_reports_mean_and_pass_at_k(reference, tmp_path, capsys, monkeypatch):
-    from trace_gym.cli import main
+    from trace_gym.cli.main import main
 
     monkeypatch.setenv("TRACE_GYM_CACHE", str(CACHE))
     run, _ = reference

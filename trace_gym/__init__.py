@@ -11,16 +11,16 @@ The public API::
     forest = trace_gym.Forest()
 """
 
-from trace_gym.allocator import Allocator, Budget, BudgetExceeded, Spend, allocate_step, make_allocator
-from trace_gym.env import AgentEnv, AgentText, EnvSnapshot, EnvUnavailable, EpisodeState, TurnResult
-from trace_gym.advantages import ADVANTAGES
-from trace_gym.forest import History, Forest
-from trace_gym.solvers import solve_prefixes, solve_roots
-from trace_gym.policy import Generation, Policy, SamplingParams, make_policy
-from trace_gym.predictor import Predictor, make_predictor
+from trace_gym.allocation.allocator import Allocator, Budget, BudgetExceeded, Spend, allocate_step, make_allocator
+from trace_gym.env.base import AgentEnv, AgentText, EnvSnapshot, EnvUnavailable, EpisodeState, TurnResult
+from trace_gym.forest.advantages import ADVANTAGES
+from trace_gym.forest.forest import History, Forest
+from trace_gym.allocation.solvers import solve_prefixes, solve_roots
+from trace_gym.policies.base import Generation, Policy, SamplingParams, make_policy
+from trace_gym.predictors.base import Predictor, make_predictor
 from trace_gym.registry import Registry, env_ids, make, register
 from trace_gym.task import Task, TaskSource
-from trace_gym.tools import Tool, ToolError, tool
+from trace_gym.env.tools import Tool, ToolError, tool
 
 import trace_gym.envs  # noqa: E402,F401  (registers the built-in environments)
 

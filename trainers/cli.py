@@ -92,7 +92,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     import trace_gym
-    from trace_gym.policy import SamplingParams
+    from trace_gym.policies.base import SamplingParams
     from trace_gym.trainers.evaluate import evaluate_env, held_out_tasks
 
     cfg = _load(args)
@@ -127,7 +127,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def _eval_policy(args: argparse.Namespace, cfg: Any) -> tuple[str, Any]:
     """The policy to evaluate and a description of where its weights came from."""
-    from trace_gym.policy import make_policy
+    from trace_gym.policies.base import make_policy
     from trace_gym.trainers.checkpoint import CheckpointManager
     from trace_gym.trainers.sft import resolve_base, warm_start
 

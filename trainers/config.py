@@ -88,7 +88,7 @@ class PredictorSection(_Section):
 class LossSection(_Section):
     """The policy loss (trainers/loss.py)."""
 
-    advantage: str = Field("trace", description="Advantage estimator registered in trace_gym.advantages: trace, grpo, dr_grpo, rloo, treerl, tree_grpo.")
+    advantage: str = Field("trace", description="Advantage estimator registered in trace_gym.forest.advantages: trace, grpo, dr_grpo, rloo, treerl, tree_grpo.")
     advantage_kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments of the estimator (e.g. scale: batch for grpo).")
     eps_low: float = Field(0.2, ge=0, lt=1, description="PPO clip below: ratio >= 1 - eps_low.")
     eps_high: float = Field(0.28, ge=0, description="PPO clip above (clip-higher): ratio <= 1 + eps_high.")

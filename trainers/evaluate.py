@@ -14,13 +14,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trace_gym.forest import TERMINAL, TRUNCATED, Forest
-from trace_gym.policy import Policy, SamplingParams
+from trace_gym.forest.forest import TERMINAL, TRUNCATED, Forest
+from trace_gym.policies.base import Policy, SamplingParams
 
 
 def evaluate_env(policy: Policy, env: Any, tasks: Sequence[Any], k: int, params: SamplingParams) -> dict[str, float]:
     """Roll out ``k`` episodes of each task in ``tasks`` with ``policy`` on ``env``; see the module docstring."""
-    from trace_gym.rollout import RolloutEngine, TurnRecord
+    from trace_gym.rollout.engine import RolloutEngine, TurnRecord
 
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")

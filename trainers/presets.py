@@ -108,8 +108,8 @@ class TinySpec(BaseModel):
 
 def cache_root() -> Path:
     """``$TRACE_GYM_CACHE`` or ``~/.cache/trace-gym`` (the model cache of
-    :func:`trace_gym.models.cache_dir`): presets and warmed checkpoints live under it."""
-    from trace_gym.models import cache_dir
+    :func:`trace_gym.policies.models.cache_dir`): presets and warmed checkpoints live under it."""
+    from trace_gym.policies.models import cache_dir
 
     return cache_dir()
 

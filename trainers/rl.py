@@ -7,7 +7,7 @@ runs it:
    train split (the data cursor), become the roots of a fresh :class:`~trace_gym.Forest`.
 2. **Allocate and roll out.** :func:`~trace_gym.allocate_step` runs the allocator's stage 1
    (root counts) and stage 2 (branch points) with the predictor, and a
-   :class:`~trace_gym.rollout.RolloutEngine` per env rolls the plans out with the policy.
+   :class:`~trace_gym.rollout.engine.RolloutEngine` per env rolls the plans out with the policy.
    Sampling seeds are a function of (run seed, step), so a step replays exactly.
 3. **Back up and advantages.** ``forest.advantages(loss.advantage)``: one value per node,
    given to every token that node generated.
@@ -21,7 +21,7 @@ runs it:
    over micro-batches, gradient clipping, bf16 autocast on CUDA.
 6. **Weight sync.** The ``hf`` policy shares the trained module, so its weights are
    current after ``optimizer.step()`` (its KV store notices the change); another backend
-   receives the new weights through :meth:`~trace_gym.policy.Policy.load_weights`.
+   receives the new weights through :meth:`~trace_gym.policies.base.Policy.load_weights`.
 7. **Log and checkpoint.** One JSON line per step in ``metrics.jsonl`` (and TensorBoard);
    an atomic checkpoint (model, optimizer, scheduler, predictor, allocator, every RNG,
    data cursors, step, counters).
@@ -50,11 +50,11 @@ import torch
 import yaml
 
 import trace_gym
-from trace_gym.allocator import Budget, allocate_step, make_allocator
-from trace_gym.calibration import calibration
-from trace_gym.forest import TERMINAL, Forest
-from trace_gym.policy import SamplingParams, make_policy
-from trace_gym.predictor import make_predictor
+from trace_gym.allocation.allocator import Budget, allocate_step, make_allocator
+from trace_gym.predictors.calibration import calibration
+from trace_gym.forest.forest import TERMINAL, Forest
+from trace_gym.policies.base import SamplingParams, make_policy
+from trace_gym.predictors.base import make_predictor
 from trace_gym.trainers.checkpoint import CheckpointManager, capture_rng, restore_rng
 from trace_gym.trainers.config import RLConfig
 from trace_gym.trainers.loss import entropy_from_logits, policy_loss, token_logprobs
@@ -170,7 +170,7 @@ class RLTrainer:
             self.policy = make_policy("sim", world=world, seed=cfg.seed)
             self.fast = None
             if cfg.model.sim_fast:
-                from trace_gym.envs.contrastlab import ContrastLabSim
+                from trace_gym.sim import ContrastLabSim
 
                 self.fast = ContrastLabSim(world, seed=cfg.seed)
         else:
@@ -181,7 +181,7 @@ class RLTrainer:
                              min_per_prompt=cfg.allocator.min_per_prompt, max_per_prompt=cfg.allocator.max_per_prompt,
                              group_size=cfg.allocator.group_size)
         akw = dict(cfg.allocator.kwargs)
-        from trace_gym.allocator import ALLOCATORS
+        from trace_gym.allocation.allocator import ALLOCATORS
 
         import trace_gym.allocators as _builtin_allocators  # noqa: F401  (registers the built-ins)
 
@@ -190,7 +190,7 @@ class RLTrainer:
         self.allocator = make_allocator(cfg.allocator.name, **akw)
         self.predictor = None
         if cfg.predictor.name:
-            from trace_gym.predictor import PREDICTORS
+            from trace_gym.predictors.base import PREDICTORS
 
             import trace_gym.predictors as _builtin_predictors  # noqa: F401
 
@@ -362,7 +362,7 @@ class RLTrainer:
     # ------------------------------------------------------------------ 1-2: candidates and rollouts
 
     def _engine(self, env: Any, step: int, stream: int = 0, temperature: float | None = None):
-        from trace_gym.rollout import RolloutEngine
+        from trace_gym.rollout.engine import RolloutEngine
 
         r = self.cfg.rollout
         params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature if temperature is None else temperature,
@@ -374,7 +374,7 @@ class RLTrainer:
         forest = Forest()
         if self.sim and self.fast is not None:
             # ContrastLab's fast path: the same process on flat arrays, one "engine" for all roots
-            from trace_gym.allocator import add_candidates
+            from trace_gym.allocation.allocator import add_candidates
 
             world, n = self.fast.world, self.cfg.rollout.prompts_per_step
             idx = [(self.cursors[0] + i) % world.size("train") for i in range(n)]
@@ -429,7 +429,7 @@ class RLTrainer:
     def token_batch(self, forest: Forest, adv: np.ndarray) -> tuple[list[TrainSequence], int, int]:
         """``(sequences, policy tokens, sequences with policy tokens)`` of the forest: one
         sequence per trajectory, loss only on the tokens that trajectory generated."""
-        from trace_gym.rollout import sequence
+        from trace_gym.rollout.engine import sequence
 
         out: list[TrainSequence] = []
         n_tokens = n_seqs = 0

@@ -235,12 +235,12 @@ def _autocast(device: torch.device):
 
 def resolve_base(model: str, tiny: TinySpec | None = None) -> tuple[str, str]:
     """``(path, identity)`` of a base model: ``"tiny"`` builds/loads the tiny preset; aliases
-    and directories go through :func:`trace_gym.models.resolve_model`. ``identity`` is what
+    and directories go through :func:`trace_gym.policies.models.resolve_model`. ``identity`` is what
     the SFT cache key records."""
     if model == "tiny":
         spec = tiny or TinySpec()
         return str(tiny_model_dir(spec)), f"tiny-{spec.key()}"
-    from trace_gym.models import resolve_model
+    from trace_gym.policies.models import resolve_model
 
     path = resolve_model(model)
     ident = model

@@ -32,15 +32,15 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from trace_gym.env import AgentEnv, TurnResult
+from trace_gym.env.base import AgentEnv, TurnResult
 from trace_gym.envs.multihop.answers import best_over_answers, exact_match, f1_score, names_several
 from trace_gym.envs.multihop.loaders import DATASETS, QUESTION_PROMPT, DatasetUnavailableError, QADatasetSource
 from trace_gym.envs.multihop.world import DEFAULT_WORLD_SIZE, SPLIT_CODES, QuestionGenerator
 from trace_gym.envs.multihop.worldindex import world, world_index
 from trace_gym.envs.retrieval import BM25Index, RetrievalClient, RetrievalError, format_results
-from trace_gym.react import ParsedTurn, format_answer, format_tool_call
+from trace_gym.env.react import ParsedTurn, format_answer, format_tool_call
 from trace_gym.task import Split, Task
-from trace_gym.tools import Tool, ToolError
+from trace_gym.env.tools import Tool, ToolError
 
 __all__ = ["MultiHopQAEnv", "HotpotQAEnv", "TwoWikiMultiHopQAEnv", "MuSiQueEnv", "WorldQuestions", "world_questions",
            "QADatasetSource", "DatasetUnavailableError", "DEFAULT_WORLD_SIZE"]

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trace_gym.env import EnvUnavailable
+from trace_gym.env.base import EnvUnavailable
 from trace_gym.envs.retrieval import BM25Index, Passage
 from trace_gym.task import Split, Task
 
@@ -46,7 +46,7 @@ QUESTION_PROMPT = (
 
 class DatasetUnavailableError(EnvUnavailable):
     """The dataset cannot be loaded here (offline, or the ``datasets`` extra is missing); an
-    :class:`~trace_gym.env.EnvUnavailable`, so registry walks skip the env visibly."""
+    :class:`~trace_gym.env.base.EnvUnavailable`, so registry walks skip the env visibly."""
 
 
 def passage_id(title: str, text: str) -> str:

@@ -145,6 +145,6 @@ def configure_leaderboard(parser: argparse.ArgumentParser) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    from trace_gym.cli import main
+    from trace_gym.cli.main import main
 
     sys.exit(main(["leaderboard", *sys.argv[1:]]))

@@ -124,7 +124,7 @@ def _load_builtin_sources() -> None:
 def sample_ratios(forest: Any, advantage: str = "trace") -> dict[str, float]:
     """Effective sample ratio: the share of trajectories (and of generated tokens) that
     receive a non-zero advantage under the estimator ``advantage`` (registered in
-    :data:`trace_gym.advantages.ADVANTAGES`; the tree-aware ``trace`` by default)."""
+    :data:`trace_gym.forest.advantages.ADVANTAGES`; the tree-aware ``trace`` by default)."""
     traj_ratio, token_ratio = forest.effective_sample_ratio(forest.advantages(advantage))
     return {"effective_sample_ratio": traj_ratio, "effective_token_ratio": token_ratio}
 
@@ -148,7 +148,7 @@ def step_calibration(forest: Any) -> dict[str, float | None]:
     where it knows it (``forest.oracle``; the expected scores over outcomes), else against
     the backed-up value of each predicted node weighted by its leaves. ``None`` when the
     allocator predicted nothing."""
-    from trace_gym.calibration import calibration
+    from trace_gym.predictors.calibration import calibration
 
     seen = np.flatnonzero(np.isfinite(forest.pred))
     if seen.size and np.isfinite(forest.oracle[seen]).all():
@@ -166,7 +166,7 @@ def _make_allocator(alloc: AllocatorEntry, seed: int):
     import inspect
 
     import trace_gym
-    from trace_gym.allocator import ALLOCATORS
+    from trace_gym.allocation.allocator import ALLOCATORS
 
     kwargs = dict(alloc.kwargs)
     try:
@@ -206,8 +206,8 @@ class AllocationRun:
         """Allocate and roll out one step, measure it, and train the predictor on it.
         Returns the backed-up forest and the step's record."""
         import trace_gym
-        from trace_gym.allocator import add_candidates
-        from trace_gym.forest import TERMINAL
+        from trace_gym.allocation.allocator import add_candidates
+        from trace_gym.forest.forest import TERMINAL
 
         ts = time.perf_counter()
         rollout_s = [0.0]
@@ -268,7 +268,7 @@ def resolve_predictor(track: TrackSpec, alloc: AllocatorEntry) -> tuple[str | No
         return (None if alloc.predictor == "none" else alloc.predictor), dict(alloc.predictor_kwargs)
     if track.predictor is not None:
         return (None if track.predictor == "none" else track.predictor), dict(track.predictor_kwargs)
-    from trace_gym.allocator import ALLOCATORS
+    from trace_gym.allocation.allocator import ALLOCATORS
 
     return getattr(ALLOCATORS.get(alloc.name), "default_predictor", None), {}
 
@@ -281,7 +281,7 @@ def resolve_advantage(track: TrackSpec, alloc: AllocatorEntry) -> str:
         return alloc.advantage
     if track.advantage is not None:
         return track.advantage
-    from trace_gym.allocator import ALLOCATORS
+    from trace_gym.allocation.allocator import ALLOCATORS
 
     return getattr(ALLOCATORS.get(alloc.name), "advantage", "trace")
 

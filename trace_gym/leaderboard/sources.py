@@ -1,10 +1,10 @@
 """Built-in rollout sources for allocation tracks, and the training-track integration.
 
-* ``sim``: ContrastLab's vectorised fast path (:class:`trace_gym.envs.contrastlab.ContrastLabSim`)
+* ``sim``: ContrastLab's vectorised fast path (:class:`trace_gym.sim.ContrastLabSim`)
   with the simulated policy, at scale (thousands of trajectories per step in milliseconds).
-  The track's env kwargs are :class:`~trace_gym.envs.contrastlab.ContrastLabWorld` arguments
+  The track's env kwargs are :class:`~trace_gym.sim.world.ContrastLabWorld` arguments
   (``difficulty``, ``n_tasks`` ...); the world's seed is the run's seed.
-* ``*`` (any model backend): the rollout engine (:mod:`trace_gym.rollout`) with the policy
+* ``*`` (any model backend): the rollout engine (:mod:`trace_gym.rollout.engine`) with the policy
   built once per track (and SFT-warmed first when the track asks for it).
 
 Candidate prompts are drawn from the train split by a generator seeded with (seed, step)
@@ -37,7 +37,7 @@ class ContrastLabSource:
     """The ``sim`` source: ContrastLab's world and fast path for one seed."""
 
     def __init__(self, track: TrackSpec, env: EnvEntry, seed: int, cache: dict):
-        from trace_gym.envs.contrastlab import ContrastLabEnv, ContrastLabSim, ContrastLabWorld
+        from trace_gym.sim import ContrastLabEnv, ContrastLabSim, ContrastLabWorld
 
         if env.id != ContrastLabEnv.env_id:
             raise ValueError(f"the sim policy simulates ContrastLab only; track {track.name!r} asks it to play {env.id!r}")
@@ -104,13 +104,13 @@ def contrastlab_training(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry,
 
 @register_source("*")
 class EngineSource:
-    """The source for model backends: :class:`trace_gym.rollout.RolloutEngine` over the
+    """The source for model backends: :class:`trace_gym.rollout.engine.RolloutEngine` over the
     track's env with the track's policy (built once per track and shared by its runs)."""
 
     def __init__(self, track: TrackSpec, env: EnvEntry, seed: int, cache: dict):
         import trace_gym
-        from trace_gym.policy import SamplingParams
-        from trace_gym.rollout import RolloutEngine
+        from trace_gym.policies.base import SamplingParams
+        from trace_gym.rollout.engine import RolloutEngine
 
         self.env = trace_gym.make(env.id, seed=seed, **env.kwargs)
         self.seed = seed
@@ -133,7 +133,7 @@ class EngineSource:
             self.done += stats["finished"] + stats["failed"]
 
     def candidates(self, step: int, n: int):
-        from trace_gym.forest import History
+        from trace_gym.forest.forest import History
 
         if self.progress is not None:
             if self.bar is not None:

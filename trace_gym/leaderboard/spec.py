@@ -49,21 +49,21 @@ def _check_registered(kind: str, name: str) -> str:
         known = trace_gym.env_ids()
     elif kind == "allocator":
         import trace_gym.allocators  # noqa: F401  (registers the built-ins)
-        from trace_gym.allocator import ALLOCATORS
+        from trace_gym.allocation.allocator import ALLOCATORS
 
         known = ALLOCATORS.names()
     elif kind == "predictor":
         import trace_gym.predictors  # noqa: F401
-        from trace_gym.predictor import PREDICTORS
+        from trace_gym.predictors.base import PREDICTORS
 
         known = PREDICTORS.names()
     elif kind == "policy":
         import trace_gym.policies  # noqa: F401
-        from trace_gym.policy import POLICIES
+        from trace_gym.policies.base import POLICIES
 
         known = POLICIES.names()
     elif kind == "advantage estimator":
-        from trace_gym.advantages import ADVANTAGES
+        from trace_gym.forest.advantages import ADVANTAGES
 
         known = ADVANTAGES.names()
     else:  # pragma: no cover - programming error
@@ -76,7 +76,7 @@ def _check_registered(kind: str, name: str) -> str:
 def _check_estimator(spec: str | None) -> str | None:
     if spec is not None:
         _check_registered("advantage estimator", spec.split(":", 1)[0])  # options: "trace:scale=group"
-        from trace_gym.advantages import resolve_estimator
+        from trace_gym.forest.advantages import resolve_estimator
 
         resolve_estimator(spec)  # the options the estimator takes
     return spec
@@ -160,7 +160,7 @@ class BudgetSpec(_Strict):
 
     def to_budget(self):
         """The :class:`trace_gym.Budget` for one step."""
-        from trace_gym.allocator import Budget
+        from trace_gym.allocation.allocator import Budget
 
         return Budget(
             trajectories=self.trajectories, root_fraction=self.root_fraction, min_per_prompt=self.min_per_prompt,

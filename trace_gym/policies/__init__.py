@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
-from trace_gym.policy import POLICIES
+from trace_gym.policies.base import POLICIES
 
 register = POLICIES.register
 names = POLICIES.names
@@ -31,4 +31,4 @@ def _lazy(module: str, attr: str) -> Callable[..., Any]:
 register("hf", _lazy("trace_gym.policies.hf", "HFPolicy"))
 register("openai", _lazy("trace_gym.policies.openai", "OpenAIPolicy"))
 register("vllm", _lazy("trace_gym.policies.vllm", "VLLMPolicy"))
-register("sim", _lazy("trace_gym.policies.sim", "SimPolicy"))
+register("sim", _lazy("trace_gym.sim.policy", "SimPolicy"))

@@ -16,7 +16,7 @@ one the template's special tokens impose).
 
 Templates that silently drop ``tools=`` (SmolLM2's does) are detected with a probe, and
 the tool schemas then go into the system message in the Hermes/Qwen format that
-:mod:`trace_gym.react` parses. A tokenizer without any chat template gets ChatML.
+:mod:`trace_gym.env.react` parses. A tokenizer without any chat template gets ChatML.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import json
 import warnings
 from typing import Any, Sequence
 
-from trace_gym.policy import Policy
+from trace_gym.policies.base import Policy
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -168,7 +168,7 @@ class ChatTemplate:
 
 
 class ChatPolicy(Policy):
-    """A :class:`~trace_gym.policy.Policy` whose tokenizer side is a :class:`ChatTemplate`
+    """A :class:`~trace_gym.policies.base.Policy` whose tokenizer side is a :class:`ChatTemplate`
     kept in ``self.chat`` (the ``hf``, ``openai`` and ``vllm`` backends): rendering and
     decoding are the template's, generation is the backend's."""
 

@@ -14,7 +14,7 @@ A prompt's KV cache comes from the cheapest of three places:
 3. Otherwise the prompt is prefilled in full.
 
 ``info["prefill_tokens"]`` and ``info["reused_prefix_tokens"]`` of each
-:class:`~trace_gym.policy.Generation` say which tokens were computed and which reused. The
+:class:`~trace_gym.policies.base.Generation` say which tokens were computed and which reused. The
 store is emptied whenever the weights change (:meth:`HFPolicy.load_weights`, or any in-place
 update of the parameters, detected through their version counters).
 
@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import torch
 
 from trace_gym.policies.chat import ChatPolicy, ChatTemplate
-from trace_gym.policy import Generation, SamplingParams
+from trace_gym.policies.base import Generation, SamplingParams
 
 # ----------------------------------------------------------------------------- grouping
 
@@ -242,7 +242,7 @@ class HFPolicy(ChatPolicy):
         tools_in_template: bool | None = None,
         num_threads: int | None = None,
     ):
-        from trace_gym.models import load_model
+        from trace_gym.policies.models import load_model
 
         if num_threads:
             torch.set_num_threads(int(num_threads))

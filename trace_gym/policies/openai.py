@@ -28,7 +28,7 @@ different length than the engine's ids, and completions whose re-tokenised lengt
 from what the server generated.
 
 Failures. A request that still fails after its retries becomes a
-:class:`~trace_gym.policy.Generation` with ``finish_reason="error"`` and the reason in
+:class:`~trace_gym.policies.base.Generation` with ``finish_reason="error"`` and the reason in
 ``info["error"]``; the rollout engine reports those trajectories and keeps the rest. Once
 a request has failed to connect, the others of the same call try only once, so a dead
 server is reported in seconds.
@@ -48,7 +48,7 @@ from typing import Any, Sequence
 import httpx
 
 from trace_gym.policies.chat import ChatPolicy, ChatTemplate
-from trace_gym.policy import Generation, SamplingParams
+from trace_gym.policies.base import Generation, SamplingParams
 
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 DIALECTS = ("auto", "vllm", "transformers", "openai")
@@ -113,7 +113,7 @@ class OpenAIPolicy(ChatPolicy):
         if isinstance(tok_source, (str, os.PathLike)):
             from transformers import AutoTokenizer
 
-            from trace_gym.models import resolve_model
+            from trace_gym.policies.models import resolve_model
 
             tok_source = AutoTokenizer.from_pretrained(resolve_model(tok_source))
         self.tokenizer = tok_source
@@ -333,6 +333,6 @@ def _http_error(r: httpx.Response) -> Generation:
 
 
 def _is_local(name: str) -> bool:
-    from trace_gym.models import MODEL_ALIASES
+    from trace_gym.policies.models import MODEL_ALIASES
 
     return name in MODEL_ALIASES

@@ -21,7 +21,7 @@ import os
 from typing import Any, Sequence
 
 from trace_gym.policies.chat import ChatPolicy, ChatTemplate
-from trace_gym.policy import Generation, SamplingParams
+from trace_gym.policies.base import Generation, SamplingParams
 
 
 class VLLMPolicy(ChatPolicy):
@@ -29,7 +29,7 @@ class VLLMPolicy(ChatPolicy):
 
     Args:
         model: a model alias, local directory or hub id (resolved with
-            :func:`trace_gym.models.resolve_model`).
+            :func:`trace_gym.policies.models.resolve_model`).
         dtype: vLLM ``dtype`` (default ``"bfloat16"``).
         gpu_memory_utilization: share of GPU memory vLLM may take (default 0.5, so a trainer
             can share the GPU).
@@ -57,7 +57,7 @@ class VLLMPolicy(ChatPolicy):
             import vllm
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise ImportError("the vllm policy needs vLLM and a CUDA GPU: pip install 'trace-gym[vllm]'") from exc
-        from trace_gym.models import resolve_model
+        from trace_gym.policies.models import resolve_model
 
         # keep the engine in this process: weight sync (apply_model) then calls into the model
         # directly instead of pickling weights across processes

@@ -4,7 +4,7 @@
 ``trace_gym.make_predictor("name", **kwargs)`` builds one.
 """
 
-from trace_gym.predictor import PREDICTORS
+from trace_gym.predictors.base import PREDICTORS
 
 register = PREDICTORS.register
 names = PREDICTORS.names

@@ -14,8 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trace_gym.forest import History
-from trace_gym.predictor import Predictor
+from trace_gym.forest.forest import History
+from trace_gym.predictors.base import Predictor
 from trace_gym.predictors import register
 
 

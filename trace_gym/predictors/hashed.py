@@ -100,8 +100,8 @@ from typing import Any, Sequence
 import numba as nb
 import numpy as np
 
-from trace_gym.forest import History
-from trace_gym.predictor import Predictor
+from trace_gym.forest.forest import History
+from trace_gym.predictors.base import Predictor
 from trace_gym.predictors import register
 
 _WORD = re.compile(r"[a-z0-9_]+")

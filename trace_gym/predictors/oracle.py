@@ -10,8 +10,8 @@ from typing import Sequence
 
 import numpy as np
 
-from trace_gym.forest import History
-from trace_gym.predictor import Predictor
+from trace_gym.forest.forest import History
+from trace_gym.predictors.base import Predictor
 from trace_gym.predictors import register
 
 

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trace_gym.forest import History
+from trace_gym.forest.forest import History
 from trace_gym.registry import Registry
 
 

@@ -397,12 +397,12 @@ class Forest:
 
     def advantages(self, name: str = "trace", **kwargs: Any) -> np.ndarray:
         """Per-node advantages from the estimator registered as ``name`` in
-        :data:`trace_gym.advantages.ADVANTAGES` (``trace``, ``grpo``, ``dr_grpo``, ``rloo``,
+        :data:`trace_gym.forest.advantages.ADVANTAGES` (``trace``, ``grpo``, ``dr_grpo``, ``rloo``,
         ``treerl``, ``tree_grpo``, or a user's); ``kwargs`` go to the estimator, and
         ``name`` may carry options itself (``"trace:scale=group"``). Backs the forest up
         first. Returns float64 of ``len(self)``, 0 at roots; the tokens of node
         ``y`` get ``adv[y]``."""
-        from trace_gym.advantages import resolve_estimator
+        from trace_gym.forest.advantages import resolve_estimator
 
         fn, kwargs = resolve_estimator(name, **kwargs)
         self.ensure_backed_up()

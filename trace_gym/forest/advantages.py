@@ -30,7 +30,7 @@ from typing import Any, Callable
 import numba as nb
 import numpy as np
 
-from trace_gym.forest import Forest
+from trace_gym.forest.forest import Forest
 from trace_gym.registry import Registry
 
 __all__ = ["ADVANTAGES", "ZERO_ATOL", "resolve_estimator", "grpo", "dr_grpo", "rloo", "treerl", "tree_grpo", "trace", "node_std"]

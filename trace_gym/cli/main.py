@@ -14,11 +14,11 @@ import sys
 
 # name: (module, help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "envs": ("trace_gym.play", "list the registered environments"),
-    "play": ("trace_gym.play", "play an environment turn by turn in the terminal"),
-    "bench": ("trace_gym.bench", "benchmarks: `bench allocators` compares allocators on ContrastLab at an equal budget"),
+    "envs": ("trace_gym.cli.play", "list the registered environments"),
+    "play": ("trace_gym.cli.play", "play an environment turn by turn in the terminal"),
+    "bench": ("trace_gym.sim.bench", "benchmarks: `bench allocators` compares allocators on ContrastLab at an equal budget"),
     "serve-retriever": ("trace_gym.envs.retrieval", "serve a passage index over the Search-R1 retrieval API"),
-    "rollout": ("trace_gym.rollout", "collect one step of rollout trees and write them as JSONL"),
+    "rollout": ("trace_gym.rollout.engine", "collect one step of rollout trees and write them as JSONL"),
     "train": ("trace_gym.trainers.cli", "train a policy with an allocator (RL, with an optional SFT warm start)"),
     "eval": ("trace_gym.trainers.cli", "evaluate a policy: mean@k and pass@k on held-out tasks"),
     "leaderboard": ("trace_gym.leaderboard", "run a benchmark suite, or show / merge leaderboard records"),

@@ -2,9 +2,9 @@
 
 It reads the task from its token prefix (the task's name word in the prompt) and the turn
 from the number of ``<think>`` tokens after it, then samples one turn exactly as the
-ContrastLab model says (see :mod:`trace_gym.envs.contrastlab`): the task's correct option
+ContrastLab model says (see :mod:`trace_gym.sim.world`): the task's correct option
 with probability ``q_i``, otherwise a uniformly random wrong one, after one of a fixed list
-of thought sentences. It shares its :class:`~trace_gym.envs.contrastlab.ContrastLabWorld`
+of thought sentences. It shares its :class:`~trace_gym.sim.world.ContrastLabWorld`
 with the env, so the env's exact ``V(H)`` is the success probability under this policy.
 
 Tokens come from :class:`WordTokenizer`, a word-level tokenizer over ContrastLab's own
@@ -19,17 +19,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trace_gym.envs.contrastlab import (
+from trace_gym.sim.world import (
     OBS_EARLY, OBS_ERROR, OBS_NEUTRAL, OBS_NOT_ANSWER, OBS_PROGRESS, SYSTEM_PROMPT, _THOUGHTS, ContrastLabWorld,
     action_text, word_tokens,
 )
-from trace_gym.forest import Forest
-from trace_gym.policy import Generation, Policy, SamplingParams
+from trace_gym.forest.forest import Forest
+from trace_gym.policies.base import Generation, Policy, SamplingParams
 
 
 class WordTokenizer:
     """Word-level tokenizer: ``encode(text)`` splits with
-    :func:`~trace_gym.envs.contrastlab.word_tokens` and maps each piece to its id (``<unk>``,
+    :func:`~trace_gym.sim.world.word_tokens` and maps each piece to its id (``<unk>``,
     id 0, for pieces outside the vocabulary); ``decode(ids)`` joins the pieces back, so
     ``decode(encode(text)) == text`` for any text made of known pieces."""
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
-from trace_gym.forest import TERMINAL, Forest
+from trace_gym.forest.forest import TERMINAL, Forest
 from trace_gym.registry import Registry
 
 
@@ -192,7 +192,7 @@ def allocate_step(
 
 def add_candidates(forest: Forest, histories: Sequence[Any]) -> np.ndarray:
     """Add one root per candidate (objects with ``task_id``, ``prompt`` and optional
-    ``oracle``/``max_turns``, e.g. :class:`~trace_gym.forest.History`); returns root ids."""
+    ``oracle``/``max_turns``, e.g. :class:`~trace_gym.forest.forest.History`); returns root ids."""
     return np.array(
         [forest.add_root(h.task_id, h.prompt, max_turns=getattr(h, "max_turns", 0), oracle=getattr(h, "oracle", float("nan"))) for h in histories],
         dtype=np.int64,

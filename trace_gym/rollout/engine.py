@@ -1,14 +1,14 @@
 """``RolloutEngine``: runs an allocator's plans over environments with a policy, token in, token out.
 
-The engine is the :data:`~trace_gym.allocator.RolloutFn` that
-:func:`~trace_gym.allocator.allocate_step` calls: ``engine.rollout(forest, origins)``
+The engine is the :data:`~trace_gym.allocation.allocator.RolloutFn` that
+:func:`~trace_gym.allocation.allocator.allocate_step` calls: ``engine.rollout(forest, origins)``
 starts one trajectory per origin node (a root: a bare rollout; an inner node: a branch)
 and runs all of them to the end, one *wave* (one turn of every live trajectory) at a time,
 with one batched :meth:`Policy.generate` call per wave.
 
 Exact prefixes. A trajectory is one list of token ids: the root's rendered opening chat,
 then, per turn, the generated tokens and the observation tokens the policy's
-:meth:`~trace_gym.policy.Policy.render_observation` appends. Each node stores its own span
+:meth:`~trace_gym.policies.base.Policy.render_observation` appends. Each node stores its own span
 (:class:`TurnRecord`), so the ids of any prefix are the concatenation of the spans on its
 path (:func:`prefix_ids`); a branch continues from exactly those ids. Nothing is ever
 re-tokenised.
@@ -21,7 +21,7 @@ replays a trajectory exactly.
 
 Accounting (``forest.counters``): ``trajectories`` and ``generated_tokens`` (the forest
 counts them), ``prefill_tokens`` and ``reused_prefix_tokens`` (from the backend's
-:class:`~trace_gym.policy.Generation` info), ``tool_calls`` (from the env's step info),
+:class:`~trace_gym.policies.base.Generation` info), ``tool_calls`` (from the env's step info),
 and ``failed_trajectories``.
 
 Context limit. A trajectory whose prefix leaves no room for another ``max_new_tokens``
@@ -48,11 +48,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from trace_gym.allocator import Budget, Spend, allocate_step, make_allocator
-from trace_gym.env import AgentEnv, EnvSnapshot
-from trace_gym.forest import BRANCH, TERMINAL, TRUNCATED, Forest
-from trace_gym.policy import Policy, SamplingParams, make_policy
-from trace_gym.react import parse_turn
+from trace_gym.allocation.allocator import Budget, Spend, allocate_step, make_allocator
+from trace_gym.env.base import AgentEnv, EnvSnapshot
+from trace_gym.forest.forest import BRANCH, TERMINAL, TRUNCATED, Forest
+from trace_gym.policies.base import Policy, SamplingParams, make_policy
+from trace_gym.env.react import parse_turn
 from trace_gym.task import Task
 
 # ----------------------------------------------------------------------------- node payloads
@@ -213,9 +213,9 @@ class RolloutEngine:
     """Grows rollout trees with a policy and an env (see the module docstring).
 
     Args:
-        env: an :class:`~trace_gym.env.AgentEnv` or a registered env id. The engine steps
+        env: an :class:`~trace_gym.env.base.AgentEnv` or a registered env id. The engine steps
             this one instance, restoring each trajectory's snapshot before its turn.
-        policy: a :class:`~trace_gym.policy.Policy` (``hf``, ``vllm``, ``openai``, ``sim``...).
+        policy: a :class:`~trace_gym.policies.base.Policy` (``hf``, ``vllm``, ``openai``, ``sim``...).
         params: sampling parameters of every turn (``max_new_tokens`` is the per-turn
             limit). A ``seed`` is advanced per wave so waves do not repeat their draws.
         on_error: ``"raise"`` (default) raises :class:`RolloutError` at the end of a
@@ -279,13 +279,13 @@ class RolloutEngine:
 
     def step(self, forest: Forest, allocator: Any, budget: Budget, predictor: Any | None = None) -> Spend:
         """One allocation step on ``forest`` (candidate roots only): stage 1 and stage 2
-        of ``allocator`` (an :class:`~trace_gym.allocator.Allocator` or its name), rolled out here."""
+        of ``allocator`` (an :class:`~trace_gym.allocation.allocator.Allocator` or its name), rolled out here."""
         if isinstance(allocator, str):
             allocator = make_allocator(allocator)
         return allocate_step(forest, allocator, budget, predictor, self.rollout)
 
     def __call__(self, forest: Forest, origins: Sequence[int] | np.ndarray) -> None:
-        """An engine is itself a :data:`~trace_gym.allocator.RolloutFn`: same as :meth:`rollout`."""
+        """An engine is itself a :data:`~trace_gym.allocation.allocator.RolloutFn`: same as :meth:`rollout`."""
         self.rollout(forest, origins)
 
     def rollout(self, forest: Forest, origins: Sequence[int] | np.ndarray) -> None:
@@ -574,6 +574,6 @@ __all__ = [
 ]
 
 if __name__ == "__main__":  # pragma: no cover
-    from trace_gym.cli import main
+    from trace_gym.cli.main import main
 
     sys.exit(main(["rollout", *sys.argv[1:]]))

@@ -215,7 +215,7 @@ def play(env_id: str, *, seed: int = 0, task_id: str | None = None, index: int |
 def _run_play(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from trace_gym.env import EnvUnavailable
+    from trace_gym.env.base import EnvUnavailable
     from trace_gym.registry import UnknownNameError
 
     console = Console(highlight=False)

@@ -4,11 +4,11 @@ Every allocator gets the same world (tasks and policy), the same candidate pool 
 step (``pool`` prompts drawn from the ``tasks`` train tasks, so prompts recur across steps
 and predictors can learn), the same budget of ``budget`` trajectories per step, and its own
 fresh predictor (its class's ``default_predictor``, or ``--predictor``). Rollouts come from
-the vectorised fast path (:class:`~trace_gym.envs.contrastlab.ContrastLabSim`), seeded
+the vectorised fast path (:class:`~trace_gym.sim.ContrastLabSim`), seeded
 identically for every allocator. One step:
 
-1. the pool's roots go into a fresh :class:`~trace_gym.forest.Forest`;
-2. :func:`~trace_gym.allocator.allocate_step` runs the allocator's two stages;
+1. the pool's roots go into a fresh :class:`~trace_gym.forest.forest.Forest`;
+2. :func:`~trace_gym.allocation.allocator.allocate_step` runs the allocator's two stages;
 3. the figures below are taken;
 4. the predictor is updated on every non-terminal node that has leaves, with target
    V_hat and weight n (PAPER.md sec. 3); in ``--learn`` mode the simulated policy also
@@ -30,7 +30,7 @@ Figures per allocator (means over steps unless noted):
   ``forest.pred``), pooled over steps. Predictions are made before the predictor is
   updated on that step's outcomes; they are scored against the simulator's exact success
   probability of each node, i.e. the expected Brier score and AUC over outcomes
-  (:mod:`trace_gym.calibration`); ``brier_excess`` is the mean of ``(pred - V)^2``, the
+  (:mod:`trace_gym.predictors.calibration`); ``brier_excess`` is the mean of ``(pred - V)^2``, the
   part due to the predictor (0 for the oracle, whose Brier is the irreducible one).
   ``null`` for allocators that predict nothing;
 * ``ms_per_step``: wall time inside the allocator's two stages (predictions and history
@@ -55,11 +55,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from trace_gym.allocator import Budget, allocate_step, add_candidates, make_allocator
-from trace_gym.calibration import auc, brier
-from trace_gym.envs.contrastlab import DEFAULT_DIFFICULTY, ContrastLabSim, ContrastLabWorld, DifficultyError, parse_difficulty
-from trace_gym.forest import TERMINAL, Forest
-from trace_gym.predictor import make_predictor
+from trace_gym.allocation.allocator import Budget, allocate_step, add_candidates, make_allocator
+from trace_gym.predictors.calibration import auc, brier
+from trace_gym.sim import DEFAULT_DIFFICULTY, ContrastLabSim, ContrastLabWorld, DifficultyError, parse_difficulty
+from trace_gym.forest.forest import TERMINAL, Forest
+from trace_gym.predictors.base import make_predictor
 
 DEFAULT_ALLOCATORS = ("grpo,uniform,trace,trace:stage1=uniform,trace:stage2=uniform,dapo,pcl,knapsack,oracle")
 
@@ -104,7 +104,7 @@ class BenchConfig:
         if unknown:
             raise ValueError(f"--world: unknown setting {unknown[0]!r} (settings: {', '.join(sorted(allowed))})")
         if self.advantage != "auto":
-            from trace_gym.advantages import resolve_estimator
+            from trace_gym.forest.advantages import resolve_estimator
 
             resolve_estimator(self.advantage)  # unknown names and options raise with suggestions
         for spec in self.allocators:
@@ -247,7 +247,7 @@ def _warm_up() -> None:
     do not include it."""
     from trace_gym.allocators.knapsack import knapsack_counts
     from trace_gym.allocators.trace import solve_roots_beta
-    from trace_gym.solvers import solve_prefixes, solve_roots
+    from trace_gym.allocation.solvers import solve_prefixes, solve_roots
 
     world = ContrastLabWorld(4, n_test=0)
     forest = Forest()
@@ -368,7 +368,7 @@ def configure_bench(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("allocators", help="compare allocators on ContrastLab at an equal budget",
                        description="Run allocators side by side on ContrastLab at an equal budget and print their "
                                    "effective ratio, effective sample ratio, spend, predictor calibration and "
-                                   "time per step (the figures are defined in trace_gym/bench.py).")
+                                   "time per step (the figures are defined in trace_gym/sim/bench.py).")
     p.add_argument("--allocators", default=DEFAULT_ALLOCATORS,
                    help="comma-separated allocators, options as name:key=value (default: %(default)s)")
     p.add_argument("--difficulty", default=DEFAULT_DIFFICULTY,

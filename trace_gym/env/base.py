@@ -32,9 +32,9 @@ import numpy as np
 from gymnasium import spaces
 from pydantic import BaseModel, ConfigDict
 
-from trace_gym.react import ParsedTurn, ToolCall, parse_turn
+from trace_gym.env.react import ParsedTurn, ToolCall, parse_turn
 from trace_gym.task import Split, Task, TaskSource
-from trace_gym.tools import Tool
+from trace_gym.env.tools import Tool
 
 
 def _text_charset() -> frozenset[str]:
