@@ -8,7 +8,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from trace_gym.allocation.allocator import Allocator, Budget
+from trace_gym.allocation.budget import Budget
+from trace_gym.allocation.allocator import Allocator
 from trace_gym.allocators import register
 from trace_gym.forest.forest import Forest
 

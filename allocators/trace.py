@@ -13,43 +13,32 @@ turn, is a candidate. The predictor scores each, and
 mixed. A prefix whose subtree is already mixed has nothing left to gain there and is not
 a candidate; if no pure prefix is left at all, the budget goes out uniformly.
 
-Two options go beyond the paper's single pass (both off by default): ``rounds=R`` spends
-the stage-2 budget in R equal rounds, re-planning with the outcomes seen so far;
-``scope="tree"`` keeps only prefixes of trees that are still pure at the root, i.e.
-maximises mixed *prompts* (the effective ratio) instead of mixed *subtrees* (the contrast
-the tree-aware advantage uses).
-
 Either stage set to ``"uniform"`` uses the :mod:`uniform <trace_gym.allocators.uniform>`
 allocator's rule instead: that is the ablation grid. Predictions are written to
 ``forest.pred`` so that their calibration can be measured later.
 
-**Stage 1 under uncertainty (ours, on by default).** A predictor is a belief, not the
-truth: for a prompt predicted at ``v = 0.5`` it matters whether the predictor *knows* the
-prompt succeeds half the time or merely cannot tell an easy prompt from a hard one (on a
-bimodal difficulty distribution the second is the usual case, and ``V_root`` at the point
-estimate overrates such prompts most). When the predictor offers a predictive
-distribution (``predictor.predict_beta(histories) -> (mean, concentration)``, a Beta per
-history, as :class:`~trace_gym.predictors.hashed.HashedPredictor` does for roots), stage 1
-maximises the *expected* number of mixed groups under it,
+Options beyond the paper's single pass:
 
-    E[V_root(p, m)] = 1 - P(m successes) - P(m failures),   p ~ Beta(c v, c (1 - v)),
+* ``uncertainty=True`` (the default): when the predictor offers a predictive distribution
+  (``predictor.predict_beta(histories) -> (mean, concentration)``, a Beta per history, as
+  :class:`~trace_gym.predictors.hashed.HashedPredictor` does for roots), stage 1 maximises
+  the *expected* number of mixed groups under it,
 
-the beta-binomial probability that ``m`` rollouts are mixed (``c = inf`` gives back
-``V_root(v, m)``). Its gains are non-increasing after the first unit too, but prompts no
-longer share one ordering, so :func:`solve_roots_beta` solves it exactly by dynamic
-programming over the budget. ``uncertainty=False``, or a predictor without
-``predict_beta`` (``beta``, ``oracle``, ``lm``), gives the point-estimate stage 1 of the
-paper. Stage 2 always uses point estimates: a Beta predictive for the roots among the
-stage-2 candidates (a pure tree's root, updated with its own leaves) was tried and changed
-nothing measurable on ContrastLab.
+      E[V_root(p, m)] = 1 - P(m successes) - P(m failures),   p ~ Beta(c v, c (1 - v)),
 
-Tried on ContrastLab's reference workload and not kept (effective ratio, mean of seeds
-0-2, against 63% for the default): Thompson sampling in stage 1 (plan on one draw from
-each prompt's Beta: 55%, it explores prompts that are almost surely all-or-nothing);
-updating a copy of the predictor with the stage-1 outcomes before planning stage 2
-(59%: the candidates are then scored by a model just fitted to their own outcomes,
-which pulls V(H) towards the observed ``r`` that ``V_pref`` already conditions on);
-``rounds=4`` (60%).
+  the beta-binomial probability that ``m`` rollouts are mixed (``c = inf`` gives back
+  ``V_root(v, m)``), solved exactly by :func:`solve_roots_beta` (dynamic programming over
+  the budget: the gains are non-increasing after the first unit, but prompts no longer
+  share one ordering). ``uncertainty=False``, or a predictor without ``predict_beta``
+  (``beta``, ``oracle``, ``lm``), gives the paper's point-estimate stage 1. Stage 2 always
+  uses point estimates.
+* ``rounds=R`` (default 1): stage 2 spends its budget in R equal rounds, re-planning with
+  the outcomes seen so far.
+* ``scope="tree"`` (default ``"subtree"``): only prefixes of trees still pure at the root
+  are candidates, i.e. stage 2 maximises mixed *prompts* (the effective ratio) instead of
+  mixed *subtrees* (the contrast the tree-aware advantage uses).
+
+Why these options, and what was tried and dropped: the README's "Design notes".
 """
 
 from __future__ import annotations
@@ -60,7 +49,8 @@ from typing import Any, ClassVar
 import numba as nb
 import numpy as np
 
-from trace_gym.allocation.allocator import Allocator, Budget
+from trace_gym.allocation.budget import Budget
+from trace_gym.allocation.allocator import Allocator
 from trace_gym.allocators import register
 from trace_gym.allocators.uniform import uniform_prefixes, uniform_roots
 from trace_gym.forest.forest import TERMINAL, Forest

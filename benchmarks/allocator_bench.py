@@ -111,7 +111,7 @@ def main() -> None:
     d = DEFAULT_DIFFICULTY
     er = fig(d, lambda k, r: r["effective_ratio"])
     tail = fig(d, lambda k, r: r["effective_ratio_last_third"])
-    esr = fig(d, lambda k, r: r["effective_sample_ratio"]["trajectories"])
+    esr = fig(d, lambda k, r: r["effective_sample_ratio_by_advantage"]["grpo"]["trajectories"])
     esr_auto = fig(d, lambda k, r: r["effective_sample_ratio_by_advantage"]["trace" if k in TREE else "grpo"]["trajectories"])
     ratio = [t / o for t, o in zip(er["trace"], er["oracle"])]
     check("GRPO effective ratio in [25%, 40%]", 0.25 <= mean(er["grpo"]) <= 0.40, f"{mean(er['grpo']):.1%}{per_seed(er['grpo'])}")
@@ -137,7 +137,7 @@ def main() -> None:
     check("oracle >= trace > uniform > grpo on >= 3 distributions", ordered >= 3,
           f"holds on {ordered} of {len(diffs)} (oracle >= trace > uniform and trace > grpo: {partial} of {len(diffs)}; "
           "uniform > grpo cannot hold: uniform branching mixes groups less often per trajectory than fresh "
-          "rollouts, see 'A consequence worth knowing' in the README's design notes)")
+          "rollouts, see the README's design notes)")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({str(s): r for s, r in runs.items()} if len(seeds) > 1 else runs[seeds[0]], fh, indent=2)

@@ -9,8 +9,8 @@ Three parts, each printing measured figures next to the baseline they are compar
    tokens a re-prefill of every prompt would compute on the *same* trees (their sum is
    exact: every prompt token is either computed or reused), plus the wall time of the
    step with reuse and of a step without it (separately sampled, same sizes).
-3. **Allocation**: ``--steps`` steps of ``--prompts`` MathCalc prompts and a budget of
-   ``--budget`` trajectories, policy fixed, for each allocator (default grpo, uniform and
+3. **Allocation**: ``--steps`` steps (:class:`trace_gym.step.Step`) of ``--prompts`` MathCalc
+   prompts and ``--trajectories`` per step, policy fixed, for each allocator (default grpo, uniform and
    trace, each with its own predictor, updated after every step): effective ratio and
    effective sample ratio (trajectories and tokens with a non-zero advantage, under the
    ``grpo`` estimator and under each allocator's own). Zero-shot, SmolLM2 almost never
@@ -43,8 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env-kwargs", default="{}", help='env arguments as JSON, e.g. \'{"levels": [1, 2, 3]}\'')
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--steps", type=int, default=10, help="allocation steps per allocator (default 10)")
-    p.add_argument("--prompts", type=int, default=32, help="candidate prompts per step (default 32)")
-    p.add_argument("--budget", type=int, default=128, help="trajectories per step, M (default 128)")
+    p.add_argument("--prompts", type=int, default=32, help="B: candidate prompts per step (default 32)")
+    p.add_argument("--trajectories", type=int, default=128, help="M: trajectories per step (default 128)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="per-turn token limit (default 32)")
     p.add_argument("--max-turns", type=int, default=2, help="episode turn limit (default 2)")
     p.add_argument("--allocators", default="grpo,uniform,trace")
@@ -120,7 +120,7 @@ def one_step(engine, env, allocator: str, budget, n_prompts: int, start: int, pr
 
 
 def part_reuse(policy, plain, env, args) -> dict[str, Any]:
-    from trace_gym.allocation.allocator import Budget
+    from trace_gym.allocation.budget import Budget
     from trace_gym.policies.base import SamplingParams
     from trace_gym.rollout.engine import RolloutEngine
 
@@ -150,45 +150,37 @@ def part_reuse(policy, plain, env, args) -> dict[str, Any]:
 
 
 def part_allocation(policy, env, args) -> dict[str, Any]:
-    import trace_gym
-    from trace_gym.allocation.allocator import Budget, make_allocator
-    from trace_gym.forest.forest import TERMINAL
     from trace_gym.policies.base import SamplingParams
-    from trace_gym.rollout.engine import RolloutEngine
+    from trace_gym.rollout.source import EngineSource
+    from trace_gym.run import RunSpec
+    from trace_gym.step import Step
 
-    budget = Budget(trajectories=args.budget, root_fraction=0.5, min_per_prompt=2, group_size=max(1, args.budget // args.prompts))
-    rng = np.random.default_rng(args.seed)
-    size = env.tasks().size("train")
-    starts = [int(x) for x in rng.integers(0, max(1, size - args.prompts), size=args.steps)]
     out: dict[str, Any] = {}
-    print(f"[3] allocation on {args.env}: {args.steps} steps x {args.prompts} prompts, M = {args.budget}, policy fixed "
+    print(f"[3] allocation on {args.env}: {args.steps} steps x {args.prompts} prompts, M = {args.trajectories}, policy fixed "
           f"(sampling T=1, {args.max_turns} turns of <= {args.max_new_tokens} tokens)")
     for name in [a.strip() for a in args.allocators.split(",") if a.strip()]:
-        allocator = make_allocator(name)
-        pred_name = getattr(allocator, "default_predictor", None)
-        predictor = trace_gym.make_predictor(pred_name) if pred_name else None
-        own = getattr(allocator, "advantage", "grpo")
-        engine = RolloutEngine(env, policy, SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=args.seed))
+        spec = RunSpec(envs=[{"id": args.env, "kwargs": {"max_turns": args.max_turns, **json.loads(args.env_kwargs)}}],
+                       policy={"name": "hf", "kwargs": {"model": args.model}}, allocator=name, seed=args.seed,
+                       budget={"trajectories": args.trajectories, "prompts": args.prompts,
+                               "group_size": max(1, args.trajectories // args.prompts)})
+        source = EngineSource([env], policy, SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0), seed=args.seed)
+        step = Step.from_spec(spec, source)
+        own = str(step.advantage)
         rows: dict[str, list[float]] = {k: [] for k in ("er", "esr_grpo", "esr_grpo_tok", "esr_own", "esr_own_tok", "success", "traj", "tok", "s")}
-        for step, start in enumerate(starts):
-            forest, spend, secs = one_step(engine, env, allocator, budget, args.prompts, start, predictor)
-            forest.backup()
-            leaves = forest.leaves()
-            rows["er"].append(forest.effective_ratio())
-            for key, adv_name in (("esr_grpo", "grpo"), ("esr_own", own)):
-                tr, tok = forest.effective_sample_ratio(forest.advantages(adv_name))
-                rows[key].append(tr)
-                rows[key + "_tok"].append(tok)
-            rows["success"].append(float(np.nanmean(forest.reward[leaves])) if leaves.size else 0.0)
-            rows["traj"].append(spend.trajectories)
-            rows["tok"].append(forest.counters["generated_tokens"])
-            rows["s"].append(secs)
-            if predictor is not None:
-                nodes = np.flatnonzero(((forest.flags & TERMINAL) == 0) & (forest.n_leaves > 0))
-                predictor.update(forest.histories(nodes), forest.value[nodes], forest.n_leaves[nodes].astype(np.float64))
-            print(f"    {name:8s} step {step + 1:2d}/{args.steps}: effective ratio {rows['er'][-1]:.3f}, "
+        for i in range(args.steps):
+            m = step.run(i).metrics
+            rows["er"].append(m["effective_ratio"])
+            rows["esr_grpo"].append(m["effective_sample_ratio/grpo"])
+            rows["esr_grpo_tok"].append(m["effective_token_ratio/grpo"])
+            rows["esr_own"].append(m["effective_sample_ratio"])
+            rows["esr_own_tok"].append(m["effective_token_ratio"])
+            rows["success"].append(m["reward/mean"])
+            rows["traj"].append(m["spent/trajectories"])
+            rows["tok"].append(m["spent/generated_tokens"])
+            rows["s"].append(m["time/rollout"] + m["time/allocator"])
+            print(f"    {name:8s} step {i + 1:2d}/{args.steps}: effective ratio {rows['er'][-1]:.3f}, "
                   f"ESR(grpo) {rows['esr_grpo'][-1]:.3f}, success {rows['success'][-1]:.3f}, "
-                  f"{spend.trajectories} traj ({spend.branches} branches), {secs:.0f} s", flush=True)
+                  f"{m['spent/trajectories']} traj ({m['branches']} branches), {rows['s'][-1]:.0f} s", flush=True)
         mean = {k: float(np.mean(v)) for k, v in rows.items()}
         out[name] = {
             "effective_ratio": mean["er"], "esr_grpo_trajectories": mean["esr_grpo"], "esr_grpo_tokens": mean["esr_grpo_tok"],

@@ -1,19 +1,25 @@
 """Built-in environments (importable as ``trace_gym.envs``).
 
-Registration uses string entry points, so importing trace_gym loads no environment
-module (and none of their dependencies) until an env is made.
+They are registered through the entry-point group ``trace_gym.envs`` in this project's
+``pyproject.toml``, exactly as a third-party package's environments are, with string entry
+points: importing trace_gym loads no environment module (and none of their dependencies)
+until an env is made.
+
+This package also provides the ``trace-gym serve-retriever`` command (entry-point group
+``trace_gym.commands``).
 """
 
-from trace_gym.registry import register
+from __future__ import annotations
 
-register("trace_gym/ContrastLab-v0", entry_point="trace_gym.sim.env:ContrastLabEnv")
-register("trace_gym/MultiHopQA-v0", entry_point="trace_gym.envs.multihop:MultiHopQAEnv")
-register("trace_gym/BFCL-v0", entry_point="trace_gym.envs.bfcl:BFCLEnv")
-register("trace_gym/BFCLMultiTurn-v0", entry_point="trace_gym.envs.bfcl:BFCLMultiTurnEnv")
-register("trace_gym/ToolCalls-v0", entry_point="trace_gym.envs.toolcalls:ToolCallsEnv")
-register("trace_gym/MathCalc-v0", entry_point="trace_gym.envs.math:MathCalcEnv")
-register("trace_gym/GSM8K-v0", entry_point="trace_gym.envs.math:GSM8KEnv")
-register("trace_gym/MATH-v0", entry_point="trace_gym.envs.math:MATHEnv")
-register("trace_gym/HotpotQA-v0", entry_point="trace_gym.envs.multihop:HotpotQAEnv")
-register("trace_gym/2WikiMultiHopQA-v0", entry_point="trace_gym.envs.multihop:TwoWikiMultiHopQAEnv")
-register("trace_gym/MuSiQue-v0", entry_point="trace_gym.envs.multihop:MuSiQueEnv")
+import argparse
+from typing import Any
+
+
+def serve_retriever_command(subparsers: Any) -> argparse.ArgumentParser:
+    """serve a passage index over the Search-R1 retrieval API"""
+    from trace_gym.envs.multihop.serve import configure_serve_retriever
+
+    help_ = (serve_retriever_command.__doc__ or "").strip()
+    parser = subparsers.add_parser("serve-retriever", help=help_, description=help_)
+    configure_serve_retriever(parser)
+    return parser

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import trace_gym
-from trace_gym.allocation.allocator import Budget, add_candidates, allocate_step
+from trace_gym.allocation.budget import Budget
+from trace_gym.allocation.allocator import add_candidates, allocate_step
 from trace_gym.allocators.knapsack import knapsack_counts, knapsack_value
 from trace_gym.allocators.trace import solve_roots_beta, v_root_beta
 from trace_gym.allocators.uniform import uniform_prefixes

@@ -6,33 +6,38 @@ import json
 
 import pytest
 
-from trace_gym.sim.bench import BenchConfig, parse_allocator, parse_predictor, run_bench
+from trace_gym.run import ComponentSpec
+from trace_gym.sim.bench import BenchConfig, run_bench
 from trace_gym.cli.main import main
 
 
 def test_bench_cli_writes_the_documented_json(tmp_path, capsys):
     path = tmp_path / "out" / "bench.json"
     code = main(["bench", "allocators", "--allocators", "grpo,trace,trace:stage1=uniform,oracle", "--steps", "3",
-                 "--pool", "32", "--budget", "64", "--tasks", "64", "--seed", "1", "--quiet", "--json", str(path)])
+                 "--prompts", "32", "--trajectories", "64", "--tasks", "64", "--seed", "1", "--quiet", "--json", str(path)])
     assert code == 0
     out = capsys.readouterr().out
     assert "trace:stage1=uniform" in out and "eff. ratio" in out
     data = json.loads(path.read_text())
     assert set(data) == {"config", "allocators"}
-    assert data["config"]["steps"] == 3 and data["config"]["budget"] == 64 and data["config"]["seed"] == 1
+    assert data["config"]["steps"] == 3 and data["config"]["trajectories"] == 64 and data["config"]["seed"] == 1
     assert list(data["allocators"]) == ["grpo", "trace", "trace:stage1=uniform", "oracle"]
     for name, figs in data["allocators"].items():
         assert {"effective_ratio", "effective_sample_ratio", "trajectories", "tokens", "brier", "auc", "ms_per_step"} <= set(figs)
         assert 0 <= figs["effective_ratio"] <= 1
         esr = figs["effective_sample_ratio"]
-        assert 0 <= esr["trajectories"] <= 1 and 0 <= esr["tokens"] <= 1 and esr["advantage"] == "grpo"
+        # each row runs with its allocator's own advantage, and reports grpo's and trace's too
+        assert 0 <= esr["trajectories"] <= 1 and 0 <= esr["tokens"] <= 1
+        assert esr["advantage"] == ("grpo" if name == "grpo" else "trace")
+        assert set(figs["effective_sample_ratio_by_advantage"]) == {"grpo", "trace"}
+        assert len(figs["steps"]) == 3
         assert 0 < figs["trajectories"] <= 64 and figs["tokens"] > 0 and figs["ms_per_step"] >= 0
     assert data["allocators"]["grpo"]["brier"] is None  # grpo predicts nothing
     assert 0 <= data["allocators"]["trace"]["brier"] <= 1 and 0 <= data["allocators"]["trace"]["auc"] <= 1
 
 
 def test_bench_is_deterministic_and_equal_budget():
-    cfg = BenchConfig(allocators=["uniform", "pcl"], steps=2, pool=16, budget=40, tasks=32, seed=3)
+    cfg = BenchConfig(allocators=["uniform", "pcl"], steps=2, prompts=16, trajectories=40, tasks=32, seed=3)
     a, b = run_bench(cfg), run_bench(cfg)
     for name in ("uniform", "pcl"):
         fa, fb = dict(a["allocators"][name]), dict(b["allocators"][name])
@@ -47,7 +52,9 @@ def test_bench_is_deterministic_and_equal_budget():
     (["--difficulty", "0.3*beta:1,1+0.3*beta:2,2"], "sum to 0.6"),
     (["--allocators", "trac"], "did you mean 'trace'"),
     (["--allocators", "trace:stage1"], "key=value"),
-    (["--pool", "100", "--tasks", "50"], "cannot exceed --tasks"),
+    (["--prompts", "100", "--tasks", "50"], "cannot exceed --tasks"),
+    (["--allocators", "trace:stag1=uniform"], "did you mean 'stage1'"),
+    (["--world", "step_spread=abc"], "not a number"),
     (["--advantage", "grpoo"], "unknown advantage estimator"),
     (["--predictor", "hashed:lr"], "key=value"),
     (["--predictor", "hashed:foo=1"], "unknown option 'foo'"),
@@ -59,15 +66,15 @@ def test_bench_cli_names_bad_input(argv, needle, capsys):
     assert needle in capsys.readouterr().out
 
 
-def test_parse_allocator_options():
-    assert parse_allocator("trace:stage1=uniform:k_max=4") == ("trace", {"stage1": "uniform", "k_max": 4})
-    assert parse_allocator("grpo") == ("grpo", {})
-    assert parse_allocator("knapsack:predictor=hashed") == ("knapsack", {"predictor": "hashed"})
-    assert parse_predictor("hashed:lr=0.03:counts=false") == ("hashed", {"lr": 0.03, "counts": False})
+def test_component_spec_options():
+    assert ComponentSpec.model_validate("trace:stage1=uniform:k_max=4") == ComponentSpec(name="trace", kwargs={"stage1": "uniform", "k_max": 4})
+    assert ComponentSpec.model_validate("grpo") == ComponentSpec(name="grpo")
+    assert ComponentSpec.model_validate("knapsack:predictor=hashed").kwargs == {"predictor": "hashed"}
+    assert ComponentSpec.model_validate("hashed:lr=0.03:counts=false").kwargs == {"lr": 0.03, "counts": False}
 
 
 def test_bench_predictor_choices_reach_the_allocators():
-    cfg = BenchConfig(allocators=["knapsack", "knapsack:predictor=hashed", "pcl"], steps=2, pool=16, budget=40, tasks=32,
+    cfg = BenchConfig(allocators=["knapsack", "knapsack:predictor=hashed", "pcl"], steps=4, prompts=16, trajectories=40, tasks=32,
                       predictor="hashed:counts=false")
     res = run_bench(cfg)["allocators"]
     # --predictor replaces each allocator's own; an allocator's predictor= option wins over both
@@ -80,6 +87,6 @@ def test_bench_predictor_choices_reach_the_allocators():
 def test_difficulty_file_is_accepted(tmp_path):
     path = tmp_path / "p.txt"
     path.write_text("\n".join(["0.5", "0.05", "0.95"] * 10))
-    result = run_bench(BenchConfig(allocators=["grpo"], difficulty=str(path), steps=1, pool=16, budget=32, tasks=30))
+    result = run_bench(BenchConfig(allocators=["grpo"], difficulty=str(path), steps=1, prompts=16, trajectories=32, tasks=30))
     assert result["config"]["difficulty"] == str(path)
     assert 0 < result["allocators"]["grpo"]["effective_ratio"] < 1

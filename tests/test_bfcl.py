@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 import trace_gym
 from trace_gym.env.base import EnvSnapshot, EnvUnavailable
 from trace_gym.envs import bfcl as B
+from trace_gym.envs.bfcl.checker import _allowed, _gold_value
+from trace_gym.envs.bfcl.vendor import _BFCL_NAME
 from trace_gym.env.react import format_answer, format_tool_call
 
 CHECKER = B.require_bfcl()  # installs the model_config stand-in before BFCL's checker is imported
@@ -70,7 +72,7 @@ def bfcl_direct_verdict(task, calls, bfcl_utils):
         return False
     try:
         return bool(ast_checker(task.metadata["functions"], calls, task.ground_truth, CHECKER.Language.PYTHON,
-                                B._BFCL_NAME.get(category, category), B.JUDGE_MODEL)["valid"])
+                                _BFCL_NAME.get(category, category), B.JUDGE_MODEL)["valid"])
     except Exception:  # the checker assumes typed outputs; treat a crash as a rejection
         return False
 
@@ -90,7 +92,7 @@ def first_choice_gold(task):
     out = []
     for expected in task.ground_truth or []:
         (name, params), = expected.items()
-        out.append({name: {p: B._gold_value(B._allowed(v)[0]) for p, v in params.items() if B._allowed(v)}})
+        out.append({name: {p: _gold_value(_allowed(v)[0]) for p, v in params.items() if _allowed(v)}})
     return out
 
 

@@ -35,13 +35,13 @@ def suite_dict(name: str = "small", *, seeds=(0, 1), steps: int = STEPS, allocat
     tracks = [{
         "name": "contrastlab", "kind": "allocation", "envs": ["trace_gym/ContrastLab-v0"],
         "policy": {"name": "sim"}, "allocators": list(allocators),
-        "budget": {"trajectories": trajectories, "candidates": CANDIDATES}, "steps": steps,
+        "budget": {"trajectories": trajectories, "prompts": CANDIDATES}, "steps": steps,
     }]
     if training:  # ContrastLab's learning mode: a training track that runs in seconds
         tracks.append({
             "name": "learning", "kind": "training", "envs": ["trace_gym/ContrastLab-v0"], "policy": {"name": "sim"},
             "allocators": ["grpo", "trace", {"name": "trace", "advantage": "trace:scale=group"}],
-            "budget": {"trajectories": trajectories, "candidates": CANDIDATES}, "steps": steps, "trainer": {"overrides": {"model.sim_shared_lr": 1.0}},
+            "budget": {"trajectories": trajectories, "prompts": CANDIDATES}, "steps": steps, "trainer": {"overrides": {"model.sim_shared_lr": 1.0}},
             "eval": {"split": "test", "tasks": 128, "k": 4, "every": 2},
         })
     return {"suite": name, "description": "ContrastLab at a small budget, for tests", "seeds": list(seeds), "tracks": tracks}
@@ -289,8 +289,8 @@ BAD_SUITES = {
                           "tracks[0].predictor: unknown predictor 'hashd'; did you mean 'hashed'"),
     "bad budget": (lambda d: d["tracks"][0]["budget"].__setitem__("trajectories", 0), "tracks[0].budget.trajectories:"),
     "missing budget": (lambda d: d["tracks"][0].pop("budget"), "tracks[0].budget: required key is missing"),
-    "nested typo": (lambda d: d["tracks"][0]["budget"].__setitem__("candidate", 3),
-                    "tracks[0].budget.candidate: unknown key 'candidate'; did you mean 'candidates'?"),
+    "nested typo": (lambda d: d["tracks"][0]["budget"].__setitem__("prompt", 3),
+                    "tracks[0].budget.prompt: unknown key 'prompt'; did you mean 'prompts'"),
     "training without eval": (lambda d: d["tracks"][0].__setitem__("kind", "training"), "needs an `eval` section"),
     "duplicate allocator": (lambda d: d["tracks"][0].__setitem__("allocators", ["grpo", "grpo"]), "appear more than once"),
     "bad estimator option": (lambda d: d["tracks"][0].__setitem__("allocators", ["grpo", {"name": "trace", "advantage": "trace:sale=group"}]),
@@ -395,7 +395,7 @@ def test_model_tracks_run_through_the_rollout_engine_and_the_trainer(tmp_path):
     through the rollout engine (allocation track) and RLTrainer (training track)."""
     policy = {"name": "hf", "model": "tiny", "max_new_tokens": 8}
     env = {"id": "trace_gym/MathCalc-v0", "kwargs": {"max_turns": 2}}
-    budget = {"trajectories": 8, "candidates": 4, "group_size": 2}
+    budget = {"trajectories": 8, "prompts": 4, "group_size": 2}
     suite = write_suite(tmp_path / "tiny.yaml", {"suite": "tiny", "seeds": [0], "tracks": [
         {"name": "alloc", "kind": "allocation", "envs": [env], "policy": policy, "allocators": ["grpo", "trace"],
          "budget": budget, "steps": 2},

@@ -307,7 +307,7 @@ def _cuda() -> bool:
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
 def test_hf_backend_on_cuda_in_bf16_drives_the_engine(tmp_path):
     import trace_gym
-    from trace_gym.allocation.allocator import Budget
+    from trace_gym.allocation.budget import Budget
     from trace_gym.forest.forest import Forest
     from trace_gym.rollout.engine import RolloutEngine
 
@@ -344,7 +344,7 @@ def test_hf_backend_on_cuda_in_bf16_drives_the_engine(tmp_path):
 def test_vllm_generates_from_token_prompts_with_prefix_caching_and_drives_the_engine(tmp_path):
     pytest.importorskip("vllm", reason="vllm is not installed (extra 'vllm')")
     import trace_gym
-    from trace_gym.allocation.allocator import Budget
+    from trace_gym.allocation.budget import Budget
     from trace_gym.forest.forest import Forest
     from trace_gym.rollout.engine import RolloutEngine
 

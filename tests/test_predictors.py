@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import trace_gym
-from trace_gym.allocation.allocator import Budget, add_candidates, allocate_step
+from trace_gym.allocation.budget import Budget
+from trace_gym.allocation.allocator import add_candidates, allocate_step
 from trace_gym.predictors.calibration import auc, brier, calibration, ece
 from trace_gym.sim import ContrastLabSim, ContrastLabWorld
 from trace_gym.forest.forest import TERMINAL, Forest, History

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import trace_gym
-from trace_gym.allocation.allocator import Budget
+from trace_gym.allocation.budget import Budget
 from trace_gym.forest.forest import Forest
 from trace_gym.policies.base import Generation, Policy, SamplingParams, make_policy
 from trace_gym.rollout.engine import (

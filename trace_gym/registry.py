@@ -1,23 +1,43 @@
 """Registration by name: environments on Gymnasium's registry, and components
-(allocators, predictors, policies, advantage estimators) in small name -> factory tables.
+(allocators, predictors, advantage estimators, policies) in name -> factory tables.
 
-Built-ins register themselves exactly as a user's plug-in would::
+Every kind registers in two equivalent ways, and the built-ins use them exactly as a
+user's plug-in does:
 
-    import trace_gym
-    trace_gym.register("myorg/MyEnv-v0", entry_point="mypkg.env:MyEnv", max_episode_steps=None)
-    env = trace_gym.make("myorg/MyEnv-v0")          # or gymnasium.make(...)
+* in-process, with a decorator::
 
-    @trace_gym.allocators.register("my_alloc")
-    class MyAllocator(trace_gym.Allocator): ...
+      @trace_gym.register_allocator("my_alloc")
+      class MyAllocator(trace_gym.Allocator): ...
 
-Third-party packages can also expose environments through the entry-point group
-``trace_gym.envs``: each entry is ``"org/Name-v0" = "pkg.module:EnvClass"``.
+      trace_gym.register("myorg/MyEnv-v0", entry_point="mypkg.env:MyEnv")
+
+* from an installed package, through an entry-point group (nothing is imported until the
+  name is used)::
+
+      [project.entry-points."trace_gym.allocators"]
+      my_alloc = "mypkg.alloc:MyAllocator"
+
+========================  ===============================  ======================================
+kind                      entry-point group                decorator / function
+========================  ===============================  ======================================
+environment               ``trace_gym.envs``               ``trace_gym.register(id, entry_point)``
+allocator                 ``trace_gym.allocators``         ``@trace_gym.register_allocator(name)``
+predictor                 ``trace_gym.predictors``         ``@trace_gym.register_predictor(name)``
+advantage estimator       ``trace_gym.advantages``         ``@trace_gym.register_advantage(name)``
+policy backend            ``trace_gym.policies``           ``@trace_gym.register_policy(name)``
+``trace-gym`` subcommand  ``trace_gym.commands``           (entry point only, see :mod:`trace_gym.cli`)
+========================  ===============================  ======================================
+
+An environment entry is ``"org/Name-v0" = "pkg.module:EnvClass"``; a component entry is
+``name = "pkg.module:factory"`` where ``factory(**kwargs)`` builds the component (usually
+the class itself).
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import warnings
 from importlib import metadata
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
@@ -26,7 +46,14 @@ import gymnasium
 T = TypeVar("T")
 
 ENV_NAMESPACE = "trace_gym"
-ENTRY_POINT_GROUP = "trace_gym.envs"
+
+ENV_GROUP = "trace_gym.envs"
+ALLOCATOR_GROUP = "trace_gym.allocators"
+PREDICTOR_GROUP = "trace_gym.predictors"
+ADVANTAGE_GROUP = "trace_gym.advantages"
+POLICY_GROUP = "trace_gym.policies"
+COMMAND_GROUP = "trace_gym.commands"
+ENTRY_POINT_GROUP = ENV_GROUP  # the environments' group (its historical name)
 
 
 class UnknownNameError(KeyError):
@@ -36,45 +63,172 @@ class UnknownNameError(KeyError):
         return str(self.args[0])
 
 
+class PluginError(ImportError):
+    """An entry point could not be loaded (its module failed to import, lacks the attribute,
+    or two installed packages claim the same name). The message names the entry point
+    (``name = module:attr``), its group and its distribution; ``name`` is the missing
+    module's name when the cause was an :class:`ImportError`."""
+
+
+def _dist_name(ep: metadata.EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return getattr(dist, "name", None) or "an unknown distribution"
+
+
+def _describe(ep: metadata.EntryPoint, group: str) -> str:
+    return f"entry point {ep.name} = {ep.value!r} (group {group!r}, from {_dist_name(ep)})"
+
+
+_EP_CACHE: Any = None
+
+
+def entry_points(group: str, *, fresh: bool = False) -> list[metadata.EntryPoint]:
+    """The installed entry points of ``group``. Installed metadata is read once per process
+    (one pass over every distribution serves all groups); ``fresh`` reads it again."""
+    global _EP_CACHE
+    if fresh or _EP_CACHE is None:
+        _EP_CACHE = metadata.entry_points()
+    return list(_EP_CACHE.select(group=group))
+
+
+def load_entry_point(ep: metadata.EntryPoint, group: str, what: str) -> Any:
+    """``ep.load()``; a failure raises :class:`PluginError` naming ``what`` (``"allocator
+    'acme'"``) and the entry point. Its ``name`` is the module that failed to import, or the
+    entry point's module when that lacks the attribute."""
+    try:
+        return ep.load()
+    except Exception as exc:
+        name = exc.name if isinstance(exc, ImportError) else ep.module
+        raise PluginError(f"{what}: {_describe(ep, group)} failed to load: {type(exc).__name__}: {exc}",
+                          name=name) from exc
+
+
 class Registry(Generic[T]):
     """A table of named factories for one kind of component.
 
-    ``kind`` is used in error messages ("unknown allocator 'trac'; did you mean 'trace'?").
+    ``kind`` is used in messages ("unknown allocator 'trac'; did you mean 'trace'?");
+    ``group``, when given, is the entry-point group whose entries also register here. The
+    group is read on first use (:meth:`get`, :meth:`names`, ``in``, iteration, or a
+    registration), and an entry's module is imported only when :meth:`get` asks for that
+    name, so listing names imports nothing.
     """
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, group: str | None = None):
         self.kind = kind
+        self.group = group
         self._table: dict[str, Callable[..., T]] = {}
+        self._pending: dict[str, metadata.EntryPoint] = {}
+        self._conflicts: dict[str, list[metadata.EntryPoint]] = {}
+        self._scanned = group is None
+        self._loading: str | None = None
+
+    # ------------------------------------------------------------------ entry points
+
+    def _scan(self, fresh: bool = False) -> None:
+        if self._scanned:
+            return
+        self._scanned = True
+        assert self.group is not None
+        for ep in entry_points(self.group, fresh=fresh):
+            if ep.name in self._table:
+                if not self._is_target(ep, self._table[ep.name]):
+                    warnings.warn(f"{self.kind} {ep.name!r} registered in this process shadows "
+                                  f"{_describe(ep, self.group)}", stacklevel=3)
+                continue
+            other = self._pending.get(ep.name)
+            if other is None:
+                self._pending[ep.name] = ep
+            elif other.value != ep.value:
+                self._conflicts.setdefault(ep.name, [other]).append(ep)
+
+    def refresh(self) -> list[str]:
+        """Read the entry-point group again (packages installed since the first read);
+        returns the names that were added."""
+        before = set(self._table) | set(self._pending)
+        if self.group is not None:
+            self._scanned = False
+            self._scan(fresh=True)
+        return sorted((set(self._table) | set(self._pending)) - before)
+
+    @staticmethod
+    def _is_target(ep: metadata.EntryPoint, obj: Any) -> bool:
+        return ep.module == getattr(obj, "__module__", None) and ep.attr == getattr(obj, "__qualname__", None)
+
+    def entry_point(self, name: str) -> metadata.EntryPoint | None:
+        """The not-yet-loaded entry point that provides ``name``, if any."""
+        self._scan()
+        return self._pending.get(name)
+
+    # ------------------------------------------------------------------ registration
 
     def register(self, name: str, factory: Callable[..., T] | None = None, *, overwrite: bool = False):
-        """Register ``factory`` under ``name``; usable as a decorator when ``factory`` is omitted."""
+        """Register ``factory`` under ``name``; usable as a decorator when ``factory`` is omitted.
+
+        A name that is already taken (by another registration, or by an installed entry point
+        that names a different object) raises ``ValueError`` unless ``overwrite=True``. The
+        module an entry point names may register its own target with this decorator.
+        """
 
         def _add(f: Callable[..., T]) -> Callable[..., T]:
-            if not overwrite and name in self._table and self._table[name] is not f:
+            self._scan()
+            current = self._table.get(name)
+            if not overwrite and current is not None and current is not f:
                 raise ValueError(f"{self.kind} {name!r} is already registered; pass overwrite=True to replace it")
+            ep = self._pending.get(name)
+            if not overwrite and ep is not None and self._loading != name and not self._is_target(ep, f):
+                raise ValueError(f"{self.kind} {name!r} is already provided by {_describe(ep, self.group or '')}; "
+                                 "pass overwrite=True to replace it")
+            self._pending.pop(name, None)
+            self._conflicts.pop(name, None)
             self._table[name] = f
             return f
 
         return _add(factory) if factory is not None else _add
 
+    # ------------------------------------------------------------------ lookup
+
+    def _unknown(self, name: str) -> UnknownNameError:
+        known = self.names()
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        return UnknownNameError(f"unknown {self.kind} {name!r}{hint} (registered: {', '.join(known) or 'none'})")
+
     def get(self, name: str) -> Callable[..., T]:
-        """The factory registered under ``name``."""
+        """The factory registered under ``name``, importing its entry point on first use.
+
+        Raises :class:`UnknownNameError` (with close matches) for an unknown name and
+        :class:`PluginError` (naming the entry point) when its entry point fails to load.
+        """
+        f = self._table.get(name)
+        if f is not None:
+            return f
+        self._scan()
+        if name in self._conflicts:
+            claims = "; ".join(_describe(ep, self.group or "") for ep in self._conflicts[name])
+            raise PluginError(f"{self.kind} {name!r} is claimed by several installed packages: {claims}")
+        ep = self._pending.get(name)
+        if ep is None:
+            raise self._unknown(name)
+        self._loading = name
         try:
-            return self._table[name]
-        except KeyError:
-            close = difflib.get_close_matches(name, self._table, n=3)
-            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise UnknownNameError(
-                f"unknown {self.kind} {name!r}{hint} (registered: {', '.join(sorted(self._table)) or 'none'})"
-            ) from None
+            obj = load_entry_point(ep, self.group or "", f"{self.kind} {name!r}")
+        finally:
+            self._loading = None
+        if not callable(obj):
+            raise PluginError(f"{self.kind} {name!r}: {_describe(ep, self.group or '')} is not callable")
+        self._pending.pop(name, None)
+        self._table[name] = obj  # what the entry point names wins over what its module registered
+        return obj
 
     def parse(self, spec: str) -> tuple[str, dict[str, Any]]:
         """Split a spec string ``"name:key=value:key=value"`` into the registered name and
         its options (values read as JSON where they parse, else kept as strings):
         ``"trace:scale=group"`` -> ``("trace", {"scale": "group"})``. Unknown names raise
-        :class:`UnknownNameError` with suggestions; a malformed option raises ``ValueError``."""
+        :class:`UnknownNameError` with suggestions; a malformed option raises ``ValueError``.
+        Nothing is imported."""
         name, *opts = spec.strip().split(":")
-        self.get(name)
+        if name not in self:
+            raise self._unknown(name)
         kwargs: dict[str, Any] = {}
         for opt in opts:
             if "=" not in opt:
@@ -91,14 +245,21 @@ class Registry(Generic[T]):
         return self.get(name)(**kwargs)
 
     def names(self) -> list[str]:
-        """Registered names, sorted."""
-        return sorted(self._table)
+        """Registered names (entry points included, loaded or not), sorted."""
+        self._scan()
+        return sorted(set(self._table) | set(self._pending) | set(self._conflicts))
 
     def __contains__(self, name: object) -> bool:
-        return name in self._table
+        if name in self._table:
+            return True
+        self._scan()
+        return name in self._pending or name in self._conflicts
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, group={self.group!r})"
 
 
 # ----------------------------------------------------------------------------- environments
@@ -107,11 +268,12 @@ def register(id: str, entry_point: Any, **spec: Any) -> None:
     """Register an environment on Gymnasium's registry.
 
     ``id`` is ``"namespace/Name-vN"``; ``entry_point`` a class, a callable or a
-    ``"module:attr"`` string; ``spec`` any other :func:`gymnasium.register` argument
-    (``kwargs``, ``max_episode_steps`` ...). Episode length is bounded by the env itself
-    (``max_turns``), so ``max_episode_steps`` defaults to ``None`` and no TimeLimit wrapper
-    is added; env checking is left to the test-suite (``disable_env_checker=True``)
-    because Gymnasium's passive checker warns on text spaces.
+    ``"module:attr"`` string (imported when the env is first made); ``spec`` any other
+    :func:`gymnasium.register` argument (``kwargs``, ``max_episode_steps`` ...). Episode
+    length is bounded by the env itself (``max_turns``), so ``max_episode_steps`` defaults
+    to ``None`` and no TimeLimit wrapper is added; env checking is left to the test-suite
+    (``disable_env_checker=True``) because Gymnasium's passive checker warns on text spaces.
+    Installed packages register through the entry-point group ``trace_gym.envs`` instead.
     """
     spec.setdefault("disable_env_checker", True)
     gymnasium.register(id=id, entry_point=entry_point, **spec)
@@ -119,24 +281,33 @@ def register(id: str, entry_point: Any, **spec: Any) -> None:
 
 
 _registered_ids: set[str] = set()
+_env_entry_points: dict[str, metadata.EntryPoint] = {}
 _plugins_loaded = False
 
 
-def load_plugins() -> list[str]:
-    """Register environments that installed packages expose under the ``trace_gym.envs`` group.
+def load_plugins(*, strict: bool = True, fresh: bool = True) -> list[str]:
+    """Register the environments that installed packages (this one included) expose under
+    the entry-point group ``trace_gym.envs``, without importing them.
 
-    Returns the ids registered. Safe to call more than once; a broken plug-in is reported
-    with its name, not silently skipped.
+    Returns the ids registered by this call. Safe to call more than once (ids already on
+    Gymnasium's registry are left alone); ``fresh=False`` reuses the installed metadata
+    this process already read. An entry that cannot be registered raises
+    :class:`PluginError` naming it, or, with ``strict=False``, is reported as a warning.
     """
     global _plugins_loaded
     added: list[str] = []
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+    for ep in entry_points(ENV_GROUP, fresh=fresh):
         if ep.name in gymnasium.registry:
             continue
         try:
             register(ep.name, entry_point=ep.value)
-        except Exception as exc:  # pragma: no cover - depends on third-party packages
-            raise RuntimeError(f"entry point {ep.name!r} = {ep.value!r} of group {ENTRY_POINT_GROUP!r} failed: {exc}") from exc
+        except Exception as exc:
+            msg = f"environment {ep.name!r}: {_describe(ep, ENV_GROUP)} could not be registered: {exc}"
+            if strict:
+                raise PluginError(msg) from exc
+            warnings.warn(msg, stacklevel=2)
+            continue
+        _env_entry_points[ep.name] = ep
         added.append(ep.name)
     _plugins_loaded = True
     return added
@@ -146,21 +317,28 @@ def make(id: str, **kwargs: Any) -> gymnasium.Env:
     """Build a registered environment (``trace_gym.make("trace_gym/MathCalc-v0", seed=0)``).
 
     Unlike :func:`gymnasium.make` this returns the env unwrapped, so ``snapshot()`` and
-    ``restore()`` are reachable directly, and it suggests close ids on a typo.
+    ``restore()`` are reachable directly; it suggests close ids on a typo
+    (:class:`UnknownNameError`), and an env from an entry point whose module fails to import
+    raises :class:`PluginError` naming that entry point. ``kwargs`` go to the env's
+    constructor.
     """
     if not _plugins_loaded:
-        load_plugins()
+        load_plugins(strict=False, fresh=False)
     if id not in gymnasium.registry:
-        ours = [k for k in gymnasium.registry if k.startswith(ENV_NAMESPACE + "/")]
-        close = difflib.get_close_matches(id, ours, n=3)
+        ours = [k for k in gymnasium.registry if k.startswith(ENV_NAMESPACE + "/")] + sorted(_registered_ids)
+        close = difflib.get_close_matches(id, list(dict.fromkeys(ours)), n=3)
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
         raise UnknownNameError(f"unknown environment {id!r}{hint} (see `trace-gym envs`)")
+    ep = _env_entry_points.get(id)
+    if ep is not None and gymnasium.registry[id].entry_point == ep.value:
+        load_entry_point(ep, ENV_GROUP, f"environment {id!r}")
     kwargs.setdefault("disable_env_checker", True)
     return gymnasium.make(id, **kwargs).unwrapped
 
 
 def env_ids() -> list[str]:
-    """Ids of the environments registered through :func:`register` or the entry-point group."""
+    """Ids of the environments registered through :func:`register` or the entry-point group
+    ``trace_gym.envs``, sorted."""
     if not _plugins_loaded:
-        load_plugins()
+        load_plugins(strict=False, fresh=False)
     return sorted(i for i in _registered_ids if i in gymnasium.registry)

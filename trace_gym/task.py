@@ -37,3 +37,34 @@ class TaskSource(Protocol):
     def size(self, split: Split = "train") -> int:
         """Number of tasks in ``split``; procedural sources may return a large bound."""
         ...
+
+
+def candidate_indices(seed: int, step: int, size: int, n: int) -> list[int]:
+    """The ``n`` task indices (out of ``size``) offered at ``step``: a pass through the split
+    in an order shuffled once per epoch, so every task is offered once per epoch and the
+    draw is a function of ``(seed, step)`` alone: every allocator, entry point and resumed
+    run of a seed is offered exactly the same prompts. ``n > size`` repeats tasks."""
+    import numpy as np
+
+    if size < 1:
+        raise ValueError("candidate_indices: the split holds no tasks")
+    out: list[int] = []
+    start = step * n
+    while len(out) < n:
+        epoch, offset = divmod(start + len(out), size)
+        order = np.random.default_rng([int(seed), int(epoch), 0xCA9D]).permutation(size)
+        take = min(n - len(out), size - offset)
+        out.extend(int(i) for i in order[offset:offset + take])
+    return out
+
+
+def split_counts(weights: "list[float]", total: int) -> list[int]:
+    """``total`` prompts split over sources by weight (largest remainders), each at least 1."""
+    import numpy as np
+
+    w = np.asarray(weights, dtype=np.float64)
+    raw = total * w / w.sum()
+    counts = np.floor(raw).astype(int)
+    for i in np.argsort(-(raw - counts))[: total - counts.sum()]:
+        counts[i] += 1
+    return [max(1, int(c)) for c in counts]

@@ -4,6 +4,9 @@
     trace-gym train --help-config                      # every config key, documented
     trace-gym eval --config configs/quick.yaml         # the run's latest checkpoint (or its SFT start)
     trace-gym eval --model smollm2-135m --env trace_gym/MathCalc-v0 --tasks 50 --k 4
+
+Both commands are entry points of the group ``trace_gym.commands`` (:func:`train_command`,
+:func:`eval_command`), the way any plug-in adds a ``trace-gym`` subcommand.
 """
 
 from __future__ import annotations
@@ -15,12 +18,28 @@ from pathlib import Path
 from typing import Any
 
 
+def train_command(subparsers: Any) -> argparse.ArgumentParser:
+    """train a policy with an allocator (RL, with an optional SFT warm start)"""
+    help_ = (train_command.__doc__ or "").strip()
+    parser = subparsers.add_parser("train", help=help_, description=help_)
+    configure_train(parser)
+    return parser
+
+
+def eval_command(subparsers: Any) -> argparse.ArgumentParser:
+    """evaluate a policy: mean@k and pass@k on held-out tasks"""
+    help_ = (eval_command.__doc__ or "").strip()
+    parser = subparsers.add_parser("eval", help=help_, description=help_)
+    configure_eval(parser)
+    return parser
+
+
 def configure_train(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``trace-gym train``."""
     parser.add_argument("--config", default=None, help="YAML config (see configs/); default: the built-in defaults")
     parser.add_argument("--resume", action="store_true", help="continue the run in output_dir from its newest readable checkpoint")
     parser.add_argument("--help-config", action="store_true", help="list every config key with its meaning and default, then exit")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides with dotted keys, e.g. allocator.name=grpo optim.lr=1e-4")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides with dotted keys, e.g. allocator=grpo budget.trajectories=64 optim.lr=1e-4")
     parser.set_defaults(func=run_train)
 
 

@@ -2,7 +2,7 @@
 
 Every field is documented once, here, in its ``description``; ``trace-gym train --help-config``
 prints them all. A config is loaded with :func:`load_config` (a YAML file plus ``key=value``
-overrides with dotted keys, e.g. ``allocator.name=grpo optim.lr=1e-4``). Unknown keys and
+overrides with dotted keys, e.g. ``allocator=grpo budget.trajectories=64 optim.lr=1e-4``). Unknown keys and
 bad values fail with :class:`ConfigError`, which names the offending key and, for a typo,
 the closest valid key.
 """
@@ -19,7 +19,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trace_gym.trainers.presets import TinySpec
-from trace_gym.trainers.sft import EnvSpec, SFTConfig
+from trace_gym.run import BudgetSpec, ComponentSpec, EnvSpec, RunSpec, parse_options
+from trace_gym.trainers.sft import SFTConfig
 
 
 class _Section(BaseModel):
@@ -58,7 +59,6 @@ class SFTSection(SFTConfig):
 class RolloutSection(_Section):
     """How rollouts are sampled."""
 
-    prompts_per_step: int = Field(16, ge=1, description="Candidate prompts per step (B), drawn in order from the train split of each env (the data cursor).")
     max_new_tokens: int = Field(64, ge=1, description="Token limit of one generated turn.")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature (also used to recompute log-probs in the loss).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
@@ -66,30 +66,10 @@ class RolloutSection(_Section):
     policy_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra arguments of the rollout backend (hf: share_prefix, kv_cache_tokens, max_batch_tokens ...).")
 
 
-class AllocatorSection(_Section):
-    """The allocator and the budget it spends."""
-
-    name: str = Field("trace", description="Registered allocator name: grpo, uniform, trace, dapo, pcl, knapsack, ...")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Allocator constructor arguments (e.g. stage1: uniform). A `seed` defaults to the run's seed.")
-    trajectories: int = Field(32, ge=1, description="M: trajectories per step (bare rollouts plus branch continuations).")
-    root_fraction: float = Field(0.5, gt=0, le=1, description="Share of M spent on bare rollouts in stage 1.")
-    min_per_prompt: int = Field(2, ge=1, description="m_min: fewest stage-1 rollouts of a selected prompt.")
-    max_per_prompt: int | None = Field(None, ge=1, description="Cap on one prompt's stage-1 rollouts (None: none).")
-    group_size: int = Field(8, ge=1, description="G: rollouts per prompt for fixed-group allocators (grpo, dapo, pcl).")
-
-
-class PredictorSection(_Section):
-    """The shared predictor of V(H)."""
-
-    name: str | None = Field("hashed", description="Registered predictor (hashed, beta, lm, ...) or null for none.")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Predictor constructor arguments (lm: encoder 'minilm' or 'policy').")
-
 
 class LossSection(_Section):
     """The policy loss (trainers/loss.py)."""
 
-    advantage: str = Field("trace", description="Advantage estimator registered in trace_gym.forest.advantages: trace, grpo, dr_grpo, rloo, treerl, tree_grpo.")
-    advantage_kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments of the estimator (e.g. scale: batch for grpo).")
     eps_low: float = Field(0.2, ge=0, lt=1, description="PPO clip below: ratio >= 1 - eps_low.")
     eps_high: float = Field(0.28, ge=0, description="PPO clip above (clip-higher): ratio <= 1 + eps_high.")
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field("token-mean", description="How per-token losses are reduced over the global batch.")
@@ -149,8 +129,11 @@ class RLConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
     sft: SFTSection = Field(default_factory=SFTSection, description="SFT warm start.")
     rollout: RolloutSection = Field(default_factory=RolloutSection, description="Sampling.")
-    allocator: AllocatorSection = Field(default_factory=AllocatorSection, description="Allocator and budget.")
-    predictor: PredictorSection = Field(default_factory=PredictorSection, description="Predictor of V(H).")
+    allocator: ComponentSpec = Field(default_factory=lambda: ComponentSpec(name="trace"), description="Allocator and its options: 'trace', 'trace:stage1=uniform' or {name: trace, kwargs: {stage1: uniform}}. A `seed` option defaults to the run's seed.")
+    predictor: ComponentSpec | None = Field(None, description="Predictor of V(H) ('hashed', 'lm:encoder=policy', ...); null: the allocator's own; 'none': no predictor.")
+    advantage: ComponentSpec | None = Field(None, description="Advantage estimator the policy is updated with ('trace', 'grpo', 'trace:scale=group', ...); null: the allocator's own.")
+    budget: BudgetSpec = Field(default_factory=lambda: BudgetSpec(trajectories=32, prompts=16), description="M (trajectories), B (prompts) and the per-prompt limits of one step.")
+    update_policy: bool = Field(True, description="False: allocate, roll out and train the predictor only; the policy stays as loaded.")
     loss: LossSection = Field(default_factory=LossSection, description="Policy loss.")
     optim: OptimSection = Field(default_factory=OptimSection, description="Optimizer.")
     eval: EvalSection = Field(default_factory=EvalSection, description="Held-out evaluation.")
@@ -162,6 +145,12 @@ class RLConfig(_Section):
         if not self.envs:
             raise ValueError("envs: give at least one environment")
         return self
+
+    def run_spec(self) -> RunSpec:
+        """The run this config trains: its envs, policy, allocator, predictor, advantage, budget and seed."""
+        policy = {"name": "sim"} if self.model.name == "sim" else {"name": "hf", "kwargs": {"model": self.model.name}}
+        return RunSpec(envs=self.envs, policy=policy, allocator=self.allocator, predictor=self.predictor,
+                       advantage=self.advantage, budget=self.budget, seed=self.seed)
 
     def fingerprint(self) -> str:
         """Hash of everything that shapes the training numbers (not the output directory,
@@ -217,6 +206,10 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
         if isinstance(node, list):
             node = node[int(p)]
             continue
+        if isinstance(node.get(p), str) and p in ("allocator", "predictor", "advantage", "policy"):
+            # the string form "trace:stage1=uniform" of a component, opened up for a dotted key
+            name, kwargs = parse_options(node[p])
+            node[p] = {"name": name, "kwargs": kwargs}
         node = node.setdefault(p, {})
         if not isinstance(node, (dict, list)):
             raise ConfigError(f"{dotted}: '{p}' is not a section")

@@ -3,17 +3,12 @@
 One step (DESIGN.md, "Data flow of one training step"), in the order :meth:`RLTrainer.step`
 runs it:
 
-1. **Candidates.** ``rollout.prompts_per_step`` train tasks, taken in order from each env's
-   train split (the data cursor), become the roots of a fresh :class:`~trace_gym.Forest`.
-2. **Allocate and roll out.** :func:`~trace_gym.allocate_step` runs the allocator's stage 1
-   (root counts) and stage 2 (branch points) with the predictor, and a
-   :class:`~trace_gym.rollout.engine.RolloutEngine` per env rolls the plans out with the policy.
-   Sampling seeds are a function of (run seed, step), so a step replays exactly.
-3. **Back up and advantages.** ``forest.advantages(loss.advantage)``: one value per node,
-   given to every token that node generated.
-4. **Predictor update** on ``(history, V_hat)`` of every non-terminal node with finished
-   leaves below it, weighted by its leaf count. Its calibration (Brier, ECE, AUC) is
-   measured on the same nodes *before* the update, i.e. on data it has not seen.
+1-4. **One step** (:class:`~trace_gym.step.Step`, shared with the bench, the leaderboard and
+   ``trace-gym rollout``): ``budget.prompts`` candidate prompts (an epoch-shuffled pass through
+   each env's train split, a function of (seed, step)), the allocator's stage 1 and stage 2
+   rolled out by the engine (sampling seeds a function of (seed, step), so a step replays
+   exactly), backup, advantages under the run's estimator (the allocator's own unless
+   ``advantage`` is set), metrics, and the predictor update (its calibration measured first).
 5. **Policy update.** Each trajectory becomes one token sequence (prompt, its ancestors'
    turns, its own turns); only the tokens this trajectory generated carry loss (mask 1), so
    every policy token of the forest is trained on exactly once. PPO-clip with clip-higher,
@@ -34,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import json
 import math
 import os
@@ -50,30 +44,19 @@ import torch
 import yaml
 
 import trace_gym
-from trace_gym.allocation.allocator import Budget, allocate_step, make_allocator
-from trace_gym.predictors.calibration import calibration
-from trace_gym.forest.forest import TERMINAL, Forest
+from trace_gym.forest.forest import Forest
 from trace_gym.policies.base import SamplingParams, make_policy
-from trace_gym.predictors.base import make_predictor
+from trace_gym.rollout.source import EngineSource, step_seed
+from trace_gym.run import resolve_run
+from trace_gym.sim.learning import SimLearning
+from trace_gym.sim.source import SimSource
+from trace_gym.step import Step
 from trace_gym.trainers.checkpoint import CheckpointManager, capture_rng, restore_rng
 from trace_gym.trainers.config import RLConfig
 from trace_gym.trainers.loss import entropy_from_logits, policy_loss, token_logprobs
-from trace_gym.trainers.sft import lr_lambda, resolve_base, task_counts, warm_start
+from trace_gym.trainers.sft import lr_lambda, resolve_base, warm_start
 
 TIME_KEYS = ("time/",)  # metrics that measure wall time (differ between otherwise identical runs)
-
-
-def step_seed(seed: int, step: int, stream: int = 0) -> int:
-    """The sampling seed of one step (and stream: 0 rollouts, 1 evaluation)."""
-    return int(np.random.SeedSequence([int(seed), int(step), int(stream)]).generate_state(1, dtype=np.uint64)[0] % (2**62))
-
-
-def _accepts(factory: Callable[..., Any], name: str) -> bool:
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 @dataclass
@@ -153,7 +136,6 @@ class RLTrainer:
 
         # envs: one instance each (the engines restore snapshots into it)
         self.envs = [trace_gym.make(e.id, **{"seed": cfg.seed, **e.kwargs}) for e in cfg.envs]
-        self.cursors = [0] * len(self.envs)  # next train index per env
 
         # policy: the trained model, warm-started, shared with the hf rollout backend
         self.sim = cfg.model.name == "sim"
@@ -168,38 +150,25 @@ class RLTrainer:
             if world is None or len(self.envs) != 1:
                 raise ValueError("model.name 'sim' trains ContrastLab's simulated policy: use exactly one env, trace_gym/ContrastLab-v0")
             self.policy = make_policy("sim", world=world, seed=cfg.seed)
-            self.fast = None
-            if cfg.model.sim_fast:
-                from trace_gym.sim import ContrastLabSim
-
-                self.fast = ContrastLabSim(world, seed=cfg.seed)
         else:
             self._build_model()
 
-        # allocation
-        self.budget = Budget(trajectories=cfg.allocator.trajectories, root_fraction=cfg.allocator.root_fraction,
-                             min_per_prompt=cfg.allocator.min_per_prompt, max_per_prompt=cfg.allocator.max_per_prompt,
-                             group_size=cfg.allocator.group_size)
-        akw = dict(cfg.allocator.kwargs)
-        from trace_gym.allocation.allocator import ALLOCATORS
-
-        import trace_gym.allocators as _builtin_allocators  # noqa: F401  (registers the built-ins)
-
-        if _accepts(ALLOCATORS.get(cfg.allocator.name), "seed"):
-            akw.setdefault("seed", cfg.seed)
-        self.allocator = make_allocator(cfg.allocator.name, **akw)
-        self.predictor = None
-        if cfg.predictor.name:
-            from trace_gym.predictors.base import PREDICTORS
-
-            import trace_gym.predictors as _builtin_predictors  # noqa: F401
-
-            pkw = dict(cfg.predictor.kwargs)
-            if _accepts(PREDICTORS.get(cfg.predictor.name), "seed"):
-                pkw.setdefault("seed", cfg.seed)
-            self.predictor = make_predictor(cfg.predictor.name, **pkw)
-            if getattr(self.predictor, "encoder_name", None) == "policy":
-                self.predictor.attach(self.model, self.tokenizer)
+        # allocation: the run's allocator, predictor and advantage, resolved in one place
+        resolved = resolve_run(cfg.run_spec())
+        self.allocator, self.predictor, self.budget = resolved.allocator, resolved.predictor, resolved.budget
+        self.advantage = resolved.advantage
+        if self.predictor is not None and getattr(self.predictor, "encoder_name", None) == "policy":
+            self.predictor.attach(self.model, self.tokenizer)
+        r = cfg.rollout
+        if self.sim and cfg.model.sim_fast:
+            self.source: Any = SimSource(world=self.policy.world, seed=cfg.seed)  # ContrastLab's fast path: same process
+        else:
+            params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
+            self.source = EngineSource(self.envs, self.policy, params, seed=cfg.seed, weights=[e.weight for e in cfg.envs])
+        update = None
+        if cfg.update_policy:
+            update = SimLearning(self.policy.world, cfg.model.sim_lr, cfg.model.sim_shared_lr) if self.sim else self._update
+        self.stepper = Step(self.source, resolved, cfg.budget.prompts, update=update)
 
         # bookkeeping
         self.step_index = 0
@@ -297,53 +266,12 @@ class RLTrainer:
         step = self.step_index + 1
         self._clear_policy_cache()
 
-        # 1. candidates: the next prompts of each env's train split
-        forest, engines, tree_env = self._candidates(step)
-
-        # 2. allocate (stage 1 + stage 2) and roll out
-        t_roll = [0.0]
-
-        def rollout(f: Forest, origins: np.ndarray) -> None:
-            t0 = time.perf_counter()
-            env_of = tree_env[f.tree[origins]]
-            for e, engine in enumerate(engines):
-                mine = origins[env_of == e]
-                if mine.size:
-                    engine.rollout(f, mine)
-            t_roll[0] += time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        spend = allocate_step(forest, self.allocator, self.budget, self.predictor, rollout)
-        t_alloc = time.perf_counter() - t0 - t_roll[0]
-
-        # 3. back up, advantages
-        t0 = time.perf_counter()
-        forest.backup()
-        adv = forest.advantages(cfg.loss.advantage, **cfg.loss.advantage_kwargs)
-        t_adv = time.perf_counter() - t0
-
-        # 4. predictor: calibration on this step's nodes (unseen), then the update
-        t0 = time.perf_counter()
-        pred_metrics = self._update_predictor(forest)
-        t_pred = time.perf_counter() - t0
-
-        # 5. policy update (6. weight sync)
-        t0 = time.perf_counter()
-        if self.sim:
-            grad = self.policy.learn(forest, adv, lr=cfg.model.sim_lr, shared_lr=cfg.model.sim_shared_lr)
-            upd = {"update/sim_grad": float(grad)}
-        else:
-            upd = self._update_policy(forest, adv)
-            self._sync_weights()
-        t_upd = time.perf_counter() - t0
+        # 1-6: candidates, allocation and rollouts, advantages, predictor, policy update (and weight sync)
+        result = self.stepper.run(self.step_index)
 
         # 7. metrics, checkpoint
         self.step_index = step
-        record = self._step_metrics(forest, adv, spend)
-        record.update(pred_metrics)
-        record.update(upd)
-        record.update({"time/rollout": t_roll[0], "time/allocator": t_alloc, "time/advantages": t_adv,
-                       "time/predictor": t_pred, "time/update": t_upd})
+        record = self._step_metrics(result.metrics)
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
             t0 = time.perf_counter()
             record.update(self.evaluate(step))
@@ -361,68 +289,12 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ 1-2: candidates and rollouts
 
-    def _engine(self, env: Any, step: int, stream: int = 0, temperature: float | None = None):
-        from trace_gym.rollout.engine import RolloutEngine
-
-        r = self.cfg.rollout
-        params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature if temperature is None else temperature,
-                                top_p=r.top_p, seed=step_seed(self.cfg.seed, step, stream))
-        # a fresh engine per step: its wave and branch counters start at 0, so a step replays exactly
-        return RolloutEngine(env, self.policy, params, on_error="record")
-
-    def _candidates(self, step: int) -> tuple[Forest, list[Any], np.ndarray]:
-        forest = Forest()
-        if self.sim and self.fast is not None:
-            # ContrastLab's fast path: the same process on flat arrays, one "engine" for all roots
-            from trace_gym.allocation.allocator import add_candidates
-
-            world, n = self.fast.world, self.cfg.rollout.prompts_per_step
-            idx = [(self.cursors[0] + i) % world.size("train") for i in range(n)]
-            self.cursors[0] = (self.cursors[0] + n) % world.size("train")
-            add_candidates(forest, world.candidates(np.array([world.global_index(i, "train") for i in idx])))
-            return forest, [self.fast], np.zeros(n, dtype=np.int64)
-        engines, tree_env = [], []
-        counts = task_counts(self.cfg.envs, self.cfg.rollout.prompts_per_step)
-        for e, (env, n) in enumerate(zip(self.envs, counts)):
-            src = env.tasks()
-            size = int(src.size("train"))
-            tasks = [src.get((self.cursors[e] + i) % size, "train") for i in range(n)]
-            self.cursors[e] = (self.cursors[e] + n) % size
-            engine = self._engine(env, step)
-            engine.add_roots(forest, tasks)
-            engines.append(engine)
-            tree_env += [e] * n
-        return forest, engines, np.asarray(tree_env, dtype=np.int64)
-
     def _clear_policy_cache(self) -> None:
         # A KV prefix cache carried over from other calls (evaluation) would make this step's
         # numerics depend on them; a resumed run must see exactly what the original saw.
         store = getattr(self.policy, "store", None)
         if store is not None and hasattr(store, "clear"):
             store.clear()
-
-    # ------------------------------------------------------------------ 4: predictor
-
-    def _update_predictor(self, forest: Forest) -> dict[str, float]:
-        if self.predictor is None:
-            return {}
-        nodes = np.flatnonzero(((forest.flags & TERMINAL) == 0) & (forest.n_leaves > 0))
-        if nodes.size == 0:
-            return {}
-        hist = forest.histories(nodes)
-        target = forest.value[nodes]
-        weight = forest.n_leaves[nodes].astype(np.float64)
-        before = np.clip(np.asarray(self.predictor.predict(hist), dtype=np.float64), 0.0, 1.0)
-        cal = calibration(before, target, weight)
-        roots = forest.parent[nodes] < 0
-        root_cal = calibration(before[roots], target[roots], weight[roots]) if roots.any() else {}
-        self.predictor.update(hist, target, weight)
-        out = {f"predictor/{k}": v for k, v in cal.items() if k != "weight"}
-        out.update({f"predictor/root_{k}": v for k, v in root_cal.items() if k != "weight"})
-        out["predictor/pairs"] = int(nodes.size)
-        if hasattr(self.predictor, "refresh") and getattr(self.predictor, "encoder_name", None) == "policy":
-            self.predictor.refresh()  # the policy's backbone changes in the update below
-        return out
 
     # ------------------------------------------------------------------ 5: policy update
 
@@ -618,41 +490,19 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ 7: metrics
 
-    def _step_metrics(self, forest: Forest, adv: np.ndarray, spend: Any) -> dict[str, Any]:
-        traj_ratio, token_ratio = forest.effective_sample_ratio(adv)
-        leaves = forest.leaves()
-        rewards = forest.reward[leaves]
-        rewards = rewards[~np.isnan(rewards)]
-        c = forest.counters
-        for k in self.totals:
-            self.totals[k] += int(c.get(k, 0))
-        depth = forest.depth[leaves]
-        hist = np.bincount(depth, minlength=int(depth.max()) + 1 if depth.size else 1)
-        branch_depth = forest.depth[forest.traj_origin[forest.parent[forest.traj_origin] >= 0]] if forest.n_trajectories else np.zeros(0)
-        return {
-            "step": self.step_index,
-            "effective_ratio": forest.effective_ratio(),
-            "effective_sample_ratio": traj_ratio,
-            "effective_token_ratio": token_ratio,
-            "reward/mean": float(rewards.mean()) if rewards.size else 0.0,
-            "reward/std": float(rewards.std()) if rewards.size else 0.0,
-            "advantage/nonzero_nodes": float(np.mean(adv[forest.parent >= 0] != 0)) if len(forest) > forest.n_trees else 0.0,
-            "spent/trajectories": int(c.get("trajectories", 0)),
-            "spent/generated_tokens": int(c.get("generated_tokens", 0)),
-            "spent/prefill_tokens": int(c.get("prefill_tokens", 0)),
-            "spent/reused_prefix_tokens": int(c.get("reused_prefix_tokens", 0)),
-            "spent/tool_calls": int(c.get("tool_calls", 0)),
-            "spent/failed_trajectories": int(c.get("failed_trajectories", 0)),
-            "spent/prompts": int(spend.prompts),
-            "total/trajectories": self.totals["trajectories"],
-            "total/generated_tokens": self.totals["generated_tokens"],
-            "total/tool_calls": self.totals["tool_calls"],
-            "branches": int(spend.branches),
-            "branch_depth_mean": float(branch_depth.mean()) if branch_depth.size else 0.0,
-            "depth_hist": hist.tolist(),
-            "leaf_depth_mean": float(depth.mean()) if depth.size else 0.0,
-            "data/cursor": list(self.cursors),
-        }
+    def _update(self, forest: Forest, adv: np.ndarray) -> dict[str, float]:
+        """The policy update of a step (5) and the weight sync (6)."""
+        out = self._update_policy(forest, adv)
+        self._sync_weights()
+        return out
+
+    def _step_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The step's record: the step's metrics with running totals."""
+        for k, key in (("trajectories", "spent/trajectories"), ("generated_tokens", "spent/generated_tokens"),
+                       ("tool_calls", "spent/tool_calls"), ("prefill_tokens", "spent/prefill_tokens")):
+            self.totals[k] += int(metrics.get(key, 0))
+        return {"step": self.step_index, **metrics, "total/trajectories": self.totals["trajectories"],
+                "total/generated_tokens": self.totals["generated_tokens"], "total/tool_calls": self.totals["tool_calls"]}
 
     # ------------------------------------------------------------------ evaluation
 
@@ -689,7 +539,7 @@ class RLTrainer:
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs (one entry per checkpoint file)."""
         trainer = {
-            "step": self.step_index, "cursors": list(self.cursors), "totals": dict(self.totals), "rng": capture_rng(),
+            "step": self.step_index, "totals": dict(self.totals), "rng": capture_rng(),
             "fingerprint": self.cfg.fingerprint(),
             "allocator": self.allocator.state_dict(),
             "predictor": self.predictor.state_dict() if self.predictor is not None else None,
@@ -698,7 +548,7 @@ class RLTrainer:
         if self.sim:
             w = self.policy.world
             trainer["sim"] = {"skill": w.skill.copy(), "shared_skill": float(w.shared_skill), "policy_rng": self.policy.rng.bit_generator.state,
-                              "fast_rng": self.fast.rng.bit_generator.state if self.fast is not None else None}
+                              "fast_rng": self.source.rng_state() if isinstance(self.source, SimSource) else None}
             return {"trainer": trainer}
         return {"trainer": trainer, "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
@@ -727,14 +577,13 @@ class RLTrainer:
             w.shared_skill = tr["sim"]["shared_skill"]
             w._refresh()  # recompute the success tables from the restored skills
             self.policy.rng.bit_generator.state = tr["sim"]["policy_rng"]
-            if self.fast is not None and tr["sim"].get("fast_rng") is not None:
-                self.fast.rng.bit_generator.state = tr["sim"]["fast_rng"]
+            if isinstance(self.source, SimSource) and tr["sim"].get("fast_rng") is not None:
+                self.source.set_rng_state(tr["sim"]["fast_rng"])
         self.allocator.load_state_dict(tr["allocator"])
         if self.predictor is not None and tr["predictor"] is not None:
             self.predictor.load_state_dict(tr["predictor"])
         for env, s in zip(self.envs, tr["env_rng"]):
             env.np_random.bit_generator.state = s
-        self.cursors = list(tr["cursors"])
         self.totals = dict(tr["totals"])
         self.step_index = int(tr["step"])
         restore_rng(tr["rng"])

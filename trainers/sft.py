@@ -28,21 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from trace_gym.run import EnvSpec
+from trace_gym.task import split_counts
 from trace_gym.trainers.presets import TinySpec, cache_root, tiny_model_dir
 
 
-class EnvSpec(BaseModel):
-    """One environment of a training mix."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(description="Registered env id, e.g. trace_gym/MathCalc-v0.")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Constructor arguments (levels, max_turns, ...).")
-    weight: float = Field(1.0, gt=0, description="Share of the tasks drawn from this env.")
 
 
 class SFTConfig(BaseModel):
@@ -105,12 +98,7 @@ def demonstration_example(chat: Any, env: Any, task: Any, *, strip_thoughts: boo
 
 def task_counts(envs: Sequence[EnvSpec], total: int) -> list[int]:
     """Tasks per env: ``total`` split by weight (largest remainders), each at least 1."""
-    w = np.array([e.weight for e in envs], dtype=np.float64)
-    raw = total * w / w.sum()
-    counts = np.floor(raw).astype(int)
-    for i in np.argsort(-(raw - counts))[: total - counts.sum()]:
-        counts[i] += 1
-    return [max(1, int(c)) for c in counts]
+    return split_counts([e.weight for e in envs], total)
 
 
 def build_examples(chat: Any, envs: Sequence[EnvSpec], tasks: int, *, split: str = "train", start: int = 0,

@@ -1,4 +1,4 @@
-"""The budget-allocation API: ``Budget``, the ``Allocator`` base class, and the driver
+"""The budget-allocation API: the ``Allocator`` base class and registry, and the driver
 that runs an allocator's two stages against any way of producing rollouts.
 
 An allocator sees only the forest and a predictor:
@@ -19,67 +19,13 @@ same function, so an allocator behaves identically in both.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
+from trace_gym.allocation.budget import Budget, BudgetExceeded, Spend
 from trace_gym.forest.forest import TERMINAL, Forest
-from trace_gym.registry import Registry
-
-
-class BudgetExceeded(RuntimeError):
-    """An allocator planned more trajectories than its budget allows."""
-
-
-@dataclass(frozen=True)
-class Budget:
-    """What one training step may spend.
-
-    Attributes:
-        trajectories: M, rollouts per step (bare rollouts plus branch continuations).
-        root_fraction: share of M spent in stage 1 on bare rollouts (the rest is stage 2).
-        min_per_prompt: m_min, the fewest rollouts a selected prompt gets in stage 1
-            (one rollout alone can never be mixed).
-        max_per_prompt: cap on one prompt's stage-1 rollouts (None: no cap).
-        group_size: rollouts per prompt for fixed-group allocators (GRPO's G).
-    """
-
-    trajectories: int
-    root_fraction: float = 0.5
-    min_per_prompt: int = 2
-    max_per_prompt: int | None = None
-    group_size: int = 8
-
-    def __post_init__(self) -> None:
-        if self.trajectories < 1:
-            raise ValueError(f"Budget.trajectories must be at least 1, got {self.trajectories}")
-        if not 0.0 < self.root_fraction <= 1.0:
-            raise ValueError(f"Budget.root_fraction must be in (0, 1], got {self.root_fraction}")
-        if self.min_per_prompt < 1:
-            raise ValueError(f"Budget.min_per_prompt must be at least 1, got {self.min_per_prompt}")
-        if self.max_per_prompt is not None and self.max_per_prompt < self.min_per_prompt:
-            raise ValueError("Budget.max_per_prompt must be at least min_per_prompt")
-        if self.group_size < 1:
-            raise ValueError(f"Budget.group_size must be at least 1, got {self.group_size}")
-
-    @property
-    def root_trajectories(self) -> int:
-        """M_root: the stage-1 share of the budget."""
-        return int(round(self.trajectories * self.root_fraction))
-
-
-@dataclass
-class Spend:
-    """What an allocator planned in the last step."""
-
-    trajectories: int = 0
-    roots: int = 0  # bare rollouts (stage 1, and root re-samples in stage 2)
-    branches: int = 0  # continuations from inner nodes
-    prompts: int = 0  # prompts that received at least one rollout
-
-    def as_dict(self) -> dict[str, int]:
-        return {"trajectories": self.trajectories, "roots": self.roots, "branches": self.branches, "prompts": self.prompts}
+from trace_gym.registry import ALLOCATOR_GROUP, Registry
 
 
 class Allocator(ABC):
@@ -113,14 +59,27 @@ class Allocator(ABC):
         """Restore what :meth:`state_dict` returned."""
 
 
-ALLOCATORS: Registry[Allocator] = Registry("allocator")
-"""Name -> allocator class. Register with ``trace_gym.allocators.register("name")``."""
+ALLOCATORS: Registry[Allocator] = Registry("allocator", group=ALLOCATOR_GROUP)
+"""Name -> allocator factory; also the entry-point group ``trace_gym.allocators``."""
+
+
+def register_allocator(name: str, factory: Callable[..., Allocator] | None = None, *, overwrite: bool = False):
+    """Register an allocator under ``name`` (a decorator when ``factory`` is omitted).
+
+    ``factory(**kwargs)`` (usually the :class:`Allocator` subclass itself) builds it; its
+    keyword arguments are the allocator's options (``"name:key=value"`` in a spec), and it
+    may take ``seed``. A taken name raises ``ValueError`` unless ``overwrite=True``.
+    Installed packages can instead declare ``name = "pkg.module:Class"`` in the entry-point
+    group ``trace_gym.allocators``; the bench, suites and the trainer then find it by name.
+    """
+    return ALLOCATORS.register(name, factory, overwrite=overwrite)
 
 
 def make_allocator(name: str, **kwargs: Any) -> Allocator:
-    """Build a registered allocator by name (``make_allocator("trace", stage1="uniform")``)."""
-    import trace_gym.allocators  # noqa: F401  (registers the built-ins)
-
+    """Build the allocator registered as ``name`` (built-in, decorated or from an entry point)
+    with ``kwargs`` (``make_allocator("trace", stage1="uniform")``). An unknown name raises
+    :class:`~trace_gym.registry.UnknownNameError` listing close names; a plug-in that fails
+    to import raises :class:`~trace_gym.registry.PluginError` naming its entry point."""
     return ALLOCATORS.make(name, **kwargs)
 
 

@@ -79,6 +79,9 @@ def env_rows(build: bool = True, ids: list[str] | None = None, timeout_s: float 
         try:
             cls = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
             row["description"] = _short_doc(cls, env_id)
+            report = cls.code_isolation() if hasattr(cls, "code_isolation") else None
+            if report:
+                row["sandbox"] = report["summary"]
         except Exception as exc:  # the env's module or an extra it imports is missing
             row["status"] = _unavailable(exc)
             continue
@@ -111,6 +114,8 @@ def _run_envs(args: argparse.Namespace) -> int:
             last = f"[dim]{row['status']}[/dim]"
         else:
             last = ", ".join(row["tools"]) or ("—" if not args.no_tools else "ok")
+        if row.get("sandbox"):
+            last += f"\n[dim]code sandbox: {row['sandbox']}[/dim]"
         table.add_row(row["id"], row["description"], last)
     Console().print(table)
     return 0

@@ -204,6 +204,13 @@ class AgentEnv(gymnasium.Env[str, str]):
         """The env's task source."""
         raise NotImplementedError
 
+    @classmethod
+    def code_isolation(cls) -> dict[str, Any] | None:
+        """For envs whose tools can run the policy's code: how that code is isolated on this
+        machine (``{"isolation", "summary", "passed", "failed"}``: the level and the probes it
+        passed). None (the default) for envs that run no code."""
+        return None
+
     def score(self, task: Task, answer: str) -> float:
         """Reward in [0, 1] for a final ``answer`` to ``task``."""
         raise NotImplementedError

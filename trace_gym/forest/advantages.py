@@ -3,7 +3,9 @@
 Each estimator is a small pure function ``fn(forest, **kw) -> float64 array`` of
 ``len(forest)``: the advantage of every node, whose generated tokens all get that value
 (in the spirit of verl's ``core_algos.py``). ``Forest.advantages(name, **kw)`` backs the
-forest up and calls it; a user adds one with ``@ADVANTAGES.register("name")``.
+forest up and calls it. A user adds one with ``@trace_gym.register_advantage("name")``,
+or from an installed package through the entry-point group ``trace_gym.advantages``
+(``name = "pkg.module:fn"``).
 
 Conventions shared by all estimators:
 
@@ -25,18 +27,34 @@ Conventions shared by all estimators:
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numba as nb
 import numpy as np
 
-from trace_gym.forest.forest import Forest
-from trace_gym.registry import Registry
+from trace_gym.registry import ADVANTAGE_GROUP, Registry
 
-__all__ = ["ADVANTAGES", "ZERO_ATOL", "resolve_estimator", "grpo", "dr_grpo", "rloo", "treerl", "tree_grpo", "trace", "node_std"]
+if TYPE_CHECKING:  # the forest imports this module (Forest.advantages); estimators only read its arrays
+    from trace_gym.forest.forest import Forest
 
-ADVANTAGES: Registry = Registry("advantage estimator")
-"""Name -> estimator ``fn(forest, **kw) -> float64[len(forest)]``."""
+__all__ = ["ADVANTAGES", "ZERO_ATOL", "register_advantage", "resolve_estimator", "grpo", "dr_grpo", "rloo", "treerl", "tree_grpo", "trace", "node_std"]
+
+ADVANTAGES: Registry[np.ndarray] = Registry("advantage estimator", group=ADVANTAGE_GROUP)
+"""Name -> estimator ``fn(forest, **kw) -> float64[len(forest)]``; also the entry-point
+group ``trace_gym.advantages``."""
+
+
+def register_advantage(name: str, fn: Callable[..., np.ndarray] | None = None, *, overwrite: bool = False):
+    """Register an advantage estimator under ``name`` (a decorator when ``fn`` is omitted).
+
+    ``fn(forest, **options) -> np.ndarray`` receives a backed-up :class:`Forest` and returns
+    a float64 array of ``len(forest)``: the advantage of every node (0 at roots), which all
+    of the node's generated tokens get. Its keyword parameters are the estimator's options
+    (``forest.advantages("name:opt=value")``); it must not modify the forest. A taken name
+    raises ``ValueError`` unless ``overwrite=True``. Installed packages can instead declare
+    ``name = "pkg.module:fn"`` in the entry-point group ``trace_gym.advantages``.
+    """
+    return ADVANTAGES.register(name, fn, overwrite=overwrite)
 
 ZERO_ATOL = 1e-12
 
@@ -193,7 +211,7 @@ def node_std(forest: Forest) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- estimators
 
-@ADVANTAGES.register("grpo")
+@register_advantage("grpo")
 def grpo(forest: Forest, scale: str = "group", eps: float = 1e-4) -> np.ndarray:
     """GRPO as TRL computes it, with the prompt's tree as the group.
 
@@ -219,13 +237,13 @@ def grpo(forest: Forest, scale: str = "group", eps: float = 1e-4) -> np.ndarray:
     return centered_kernel(parent, tree, n_leaves, value, roots, coef, ZERO_ATOL)
 
 
-@ADVANTAGES.register("dr_grpo")
+@register_advantage("dr_grpo")
 def dr_grpo(forest: Forest) -> np.ndarray:
     """Dr. GRPO: :func:`grpo` with ``scale="none"``, ``A(l) = r_l - mean_T``."""
     return grpo(forest, scale="none")
 
 
-@ADVANTAGES.register("rloo")
+@register_advantage("rloo")
 def rloo(forest: Forest) -> np.ndarray:
     """RLOO: ``A(l) = r_l - (mean of the other finished leaves of l's tree)``
     ``= n/(n-1) (r_l - mean_T)``; 0 for a tree with one finished leaf or all-equal rewards.
@@ -236,7 +254,7 @@ def rloo(forest: Forest) -> np.ndarray:
     return centered_kernel(parent, tree, n_leaves, value, roots, coef, ZERO_ATOL)
 
 
-@ADVANTAGES.register("treerl")
+@register_advantage("treerl")
 def treerl(forest: Forest) -> np.ndarray:
     """TreeRL at every node (not a leaf mean): with L(y) the finished leaves below y,
     ``A(y) = (V(y) - V(root) + V(y) - V(parent(y))) / sqrt(|L(y)|)``; 0 at roots and at
@@ -245,7 +263,7 @@ def treerl(forest: Forest) -> np.ndarray:
     return treerl_kernel(parent, tree, n_leaves, value, lo, hi, roots, ZERO_ATOL)
 
 
-@ADVANTAGES.register("tree_grpo")
+@register_advantage("tree_grpo")
 def tree_grpo(forest: Forest, scale: str = "group", eps: float = 1e-4) -> np.ndarray:
     """Tree-GRPO with agent-step nodes: an inter-tree plus an intra-tree GRPO term.
 
@@ -272,7 +290,7 @@ def tree_grpo(forest: Forest, scale: str = "group", eps: float = 1e-4) -> np.nda
                             roots, inter, use_std, float(eps), ZERO_ATOL)
 
 
-@ADVANTAGES.register("trace")
+@register_advantage("trace")
 def trace(forest: Forest, scale: str = "none", eps: float = 1e-4) -> np.ndarray:
     """TRACE's tree-aware advantage: ``A(y) = V(y) - V(parent(y))`` at every non-root node
     with finished leaves below it. 0 at roots, and 0 whenever the parent is not mixed, in

@@ -16,7 +16,7 @@ Per-node Python payloads (turn text, token ids, log-probs, env snapshots) live i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, overload
 
 import numba as nb
 import numpy as np
@@ -117,41 +117,69 @@ def effective_sample_ratio_kernel(traj, n_tokens, adv, n_traj):
 
 # ----------------------------------------------------------------------------- the forest
 
-_NODE_ARRAYS = {
-    # name: (dtype, fill)
-    "parent": (np.int32, -1),
-    "tree": (np.int32, -1),
-    "depth": (np.int32, 0),
-    "traj": (np.int32, -1),
-    "flags": (np.uint8, 0),
-    "reward": (np.float64, np.nan),
-    "n_tokens": (np.int32, 0),
-    "n_children": (np.int32, 0),
-    "pred": (np.float64, np.nan),
-    "oracle": (np.float64, np.nan),
-    # written by backup()
-    "n_leaves": (np.int32, 0),
-    "reward_sum": (np.float64, 0.0),
-    "value": (np.float64, np.nan),
-    "leaf_min": (np.float64, np.inf),
-    "leaf_max": (np.float64, -np.inf),
-}
+class NodeArray:
+    """A per-node array of :class:`Forest`, read as ``forest.<name>``: a writable view of
+    length ``len(forest)`` into the forest's storage (so ``forest.pred[roots] = p`` writes
+    through). Re-read it after adding nodes: growth may move the storage. Assigning the
+    attribute itself (``forest.pred = p``) is an error."""
+
+    def __init__(self, dtype: Any, fill: Any, doc: str):
+        self.dtype = np.dtype(dtype)
+        self.fill = fill
+        self.__doc__ = doc
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> "NodeArray": ...
+
+    @overload
+    def __get__(self, obj: "Forest", objtype: type | None = None) -> np.ndarray: ...
+
+    def __get__(self, obj: "Forest | None", objtype: type | None = None) -> "np.ndarray | NodeArray":
+        if obj is None:
+            return self
+        return obj._arr[self.name][: obj._n]
+
+    def __set__(self, obj: "Forest", value: Any) -> None:
+        raise AttributeError(f"Forest.{self.name} is a view of the node array; write into it "
+                             f"(forest.{self.name}[nodes] = values) instead of replacing it")
 
 
 class Forest:
     """A batch of rollout trees (one per prompt) as struct-of-arrays.
 
-    Node arrays (length ``len(forest)``, read them as ``forest.parent`` etc.): ``parent``,
-    ``tree`` (index of the node's tree), ``depth``, ``traj`` (trajectory that generated the
-    node, -1 for roots), ``flags`` (``TERMINAL | TRUNCATED | BRANCH``), ``reward`` (terminal
-    reward, NaN elsewhere), ``n_tokens`` (policy tokens generated at the node),
-    ``n_children``, ``pred`` (predicted value), ``oracle`` (exact value where the env knows
-    it), and, after :meth:`backup`, ``n_leaves``, ``reward_sum``, ``value`` (V_hat, mean leaf
-    reward below), ``leaf_min``/``leaf_max``.
+    Contract: nodes are only appended (:meth:`add_root`, :meth:`start_trajectory` then
+    :meth:`add_node` / :meth:`add_nodes`), a node's parent always precedes it, and a
+    terminal node carries a reward and is never continued. Every trajectory started counts
+    once against the budget (``n_trajectories``).
 
-    Per tree: ``root_nodes``, ``task_ids``, ``prompts``. Per trajectory: ``traj_origin``
-    (node it started from) and ``traj_leaf`` (its current last node).
+    Node arrays are attributes of length ``len(forest)`` (:class:`NodeArray` views, listed
+    below): ``parent``, ``tree``, ``depth``, ``traj``, ``flags``, ``reward``, ``n_tokens``,
+    ``n_children``, ``pred``, ``oracle``, and, as of :meth:`backup`, ``n_leaves``,
+    ``reward_sum``, ``value`` (V_hat), ``leaf_min``/``leaf_max``. Per tree: ``root_nodes``,
+    ``task_ids``, ``prompts``, ``max_turns``. Per trajectory: ``traj_origin`` (node it
+    started from) and ``traj_leaf`` (its current last node). Per node, outside the kernels:
+    ``text`` and ``payload`` (token ids, log-probs, env snapshots).
     """
+
+    parent = NodeArray(np.int32, -1, "int32: the parent node, -1 at roots; ``parent[i] < i``.")
+    tree = NodeArray(np.int32, -1, "int32: index of the node's tree (its prompt), in ``root_nodes`` order.")
+    depth = NodeArray(np.int32, 0, "int32: turns from the root (0 at roots).")
+    traj = NodeArray(np.int32, -1, "int32: the trajectory that generated the node, -1 at roots.")
+    flags = NodeArray(np.uint8, 0, "uint8: ``TERMINAL | TRUNCATED | BRANCH`` bits.")
+    reward = NodeArray(np.float64, np.nan, "float64: the terminal reward, NaN at non-terminal nodes.")
+    n_tokens = NodeArray(np.int32, 0, "int32: policy tokens generated at the node.")
+    n_children = NodeArray(np.int32, 0, "int32: number of child nodes.")
+    pred = NodeArray(np.float64, np.nan, "float64: the predictor's value where an allocator wrote one, else NaN.")
+    oracle = NodeArray(np.float64, np.nan, "float64: the env's exact conditional success probability where it knows it, else NaN.")
+    n_leaves = NodeArray(np.int32, 0, "int32: finished leaves below the node, itself included (set by :meth:`backup`).")
+    reward_sum = NodeArray(np.float64, 0.0, "float64: sum of the finished-leaf rewards below the node (set by :meth:`backup`).")
+    value = NodeArray(np.float64, np.nan, "float64: V_hat, the mean finished-leaf reward below the node, NaN without leaves (set by :meth:`backup`).")
+    leaf_min = NodeArray(np.float64, np.inf, "float64: smallest finished-leaf reward below the node, +inf without leaves (set by :meth:`backup`).")
+    leaf_max = NodeArray(np.float64, -np.inf, "float64: largest finished-leaf reward below the node, -inf without leaves (set by :meth:`backup`).")
 
     def __init__(self, capacity: int = 1024):
         self._cap = max(16, int(capacity))
@@ -177,30 +205,29 @@ class Forest:
     def __len__(self) -> int:
         return self._n
 
-    def __getattr__(self, name: str) -> np.ndarray:
-        arr = self.__dict__.get("_arr")
-        if arr is not None and name in arr:
-            return arr[name][: self._n]
-        raise AttributeError(name)
-
     @property
     def root_nodes(self) -> np.ndarray:
+        """int32 per tree: its root node."""
         return self._root_nodes[: self._n_trees]
 
     @property
     def n_trees(self) -> int:
+        """Number of trees (prompts)."""
         return self._n_trees
 
     @property
     def n_trajectories(self) -> int:
+        """Number of trajectories started (each counts once against the budget)."""
         return self._n_traj
 
     @property
     def traj_origin(self) -> np.ndarray:
+        """int32 per trajectory: the node it started from (a root, or a stage-2 branch point)."""
         return self._traj_origin[: self._n_traj]
 
     @property
     def traj_leaf(self) -> np.ndarray:
+        """int32 per trajectory: its current last node."""
         return self._traj_leaf[: self._n_traj]
 
     def _reserve(self, extra: int) -> None:
@@ -442,3 +469,9 @@ class Forest:
     def histories(self, nodes: Iterable[int]) -> list[History]:
         """:meth:`history` for each node."""
         return [self.history(int(i)) for i in nodes]
+
+
+_NODE_ARRAYS: dict[str, tuple[np.dtype, Any]] = {
+    name: (d.dtype, d.fill) for name, d in vars(Forest).items() if isinstance(d, NodeArray)
+}
+"""name -> (dtype, fill) of every node array, in declaration order."""

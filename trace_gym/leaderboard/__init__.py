@@ -22,7 +22,7 @@ from trace_gym.leaderboard.records import (
 )
 from trace_gym.leaderboard.render import render_html, render_markdown, write_leaderboard, write_plots
 from trace_gym.leaderboard.runner import (
-    RolloutSource, register_source, register_training_runner, run_allocation, run_suite, sample_ratios,
+    RolloutSource, register_preflight, register_source, register_training_runner, row_spec, run_allocation, run_suite,
 )
 from trace_gym.leaderboard.spec import SuiteError, SuiteSpec, TrackSpec, load_suite, parse_suite
 
@@ -30,6 +30,6 @@ __all__ = [
     "Group", "LoadedRecord", "Record", "RecordError", "RolloutSource", "Row", "SuiteError", "SuiteSpec", "TrackSpec",
     "UnequalBudget", "check_equal_budget", "configure_leaderboard", "load_records", "load_suite",
     "make_record", "parse_suite", "rank", "register_source", "register_training_runner", "render_html",
-    "render_markdown", "run_allocation", "run_suite", "sample_ratios", "write_leaderboard", "write_plots",
+    "render_markdown", "register_preflight", "row_spec", "run_allocation", "run_suite", "write_leaderboard", "write_plots",
     "write_records",
 ]

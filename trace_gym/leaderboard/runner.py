@@ -1,23 +1,17 @@
 """The suite runner: runs every (track, env, allocator, seed) of a suite and writes a record
 for each, with progress bars throughout.
 
-Allocation track, for each step (the policy is fixed):
+Allocation track: each row (env x allocator x seed) is one :class:`~trace_gym.run.RunSpec`
+(:func:`row_spec`) run for ``steps`` steps of :class:`~trace_gym.step.Step` on the track's
+rollout source; the policy is fixed. Training tracks add a policy update to each step (the
+simulator's learning mode, or the trainer) and log held-out accuracy against trajectories
+and tokens spent.
 
-1. draw the step's candidate prompts (the same ones for every allocator of a seed);
-2. :func:`trace_gym.allocate_step` runs the allocator's two stages against the track's
-   rollout source, with the allocator's predictor (:func:`resolve_predictor`);
-3. log effective ratio, effective sample ratio (trajectories and tokens, under the
-   advantage estimator matching the allocator, :func:`resolve_advantage`), the calibration
-   of the predictions the allocator made before the outcomes were known
-   (:func:`step_calibration`: Brier, ECE, AUC), what was spent, and the allocator's own
-   time (rollouts excluded);
-4. the predictor learns from the step's (history, backed-up value) pairs.
-
-A *rollout source* turns (env, policy, seed) into candidate prompts and a
-``rollout(forest, origins)`` function; sources are registered by policy backend name with
-:func:`register_source` (``sim`` for ContrastLab's simulated policy, ``*`` for model
-backends through the rollout engine). Training tracks hand each allocator to the trainer
-(``trace_gym.trainers``) and log held-out accuracy against trajectories and tokens spent.
+A *rollout source* (:class:`trace_gym.step.RolloutSource`) is registered by policy backend
+name with :func:`register_source` (``sim`` for ContrastLab's simulated policy; the trainers
+plug-in registers ``*`` for model backends through the rollout engine); training runners
+likewise with :func:`register_training_runner`. Both are found through the entry-point
+group :data:`PLUGIN_GROUP`.
 
 Records are appended to ``records.jsonl`` as each run finishes, so an interrupted suite
 keeps what it finished and ``run`` with the same ``--out`` resumes where it stopped.
@@ -32,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -41,6 +35,8 @@ from trace_gym.leaderboard.records import (
     make_record, write_records,
 )
 from trace_gym.leaderboard.spec import AllocatorEntry, EnvEntry, SuiteSpec, TrackSpec, config_hash
+from trace_gym.run import ComponentSpec, RunSpec, defaults
+from trace_gym.step import RolloutSource, Step, StepResult
 
 # ----------------------------------------------------------------------------- provenance
 
@@ -75,23 +71,15 @@ def git_commit() -> str:
 # ----------------------------------------------------------------------------- rollout sources
 
 
-class RolloutSource(Protocol):
-    """Where an allocation track's rollouts come from, for one (env, policy, seed)."""
-
-    def candidates(self, step: int, n: int) -> Sequence[Any]:
-        """``n`` candidate prompts for ``step`` (objects with ``task_id``, ``prompt`` and
-        optionally ``max_turns``/``oracle``, e.g. :class:`trace_gym.History`); deterministic
-        in (seed, step), so every allocator of a seed sees the same prompts."""
-
-    def rollout(self, forest: Any, origins: np.ndarray) -> None:
-        """Start a trajectory at each node in ``origins`` and run it to its end."""
-
-
 SourceFactory = Callable[[TrackSpec, EnvEntry, int, dict], RolloutSource]
-"""``factory(track, env, seed, cache) -> RolloutSource``; ``cache`` is shared by the runs of
-one track, for what is expensive to build (a loaded model)."""
+"""``factory(track, env, seed, cache) -> RolloutSource`` (see :class:`trace_gym.step.RolloutSource`);
+``cache`` is shared by the runs of one track, for what is expensive to build (a loaded model)."""
 
 _SOURCES: dict[str, SourceFactory] = {}
+
+PLUGIN_GROUP = "trace_gym.leaderboard"
+"""Entry-point group of modules that register rollout sources and training runners when
+imported (the trainers plug-in registers the model backends' ones this way)."""
 
 
 def register_source(policy: str, factory: SourceFactory | None = None):
@@ -110,23 +98,33 @@ def make_source(track: TrackSpec, env: EnvEntry, seed: int, cache: dict) -> Roll
     _load_builtin_sources()
     factory = _SOURCES.get(track.policy.name) or _SOURCES.get("*")
     if factory is None:
-        raise RuntimeError(f"no rollout source for policy {track.policy.name!r} (registered: {sorted(_SOURCES)})")
+        raise RuntimeError(f"no rollout source for policy {track.policy.name!r} (registered: {sorted(_SOURCES)}); "
+                           f"is the trainers plug-in installed?")
     return factory(track, env, seed, cache)
 
 
+_plugins_loaded = False
+
+
+PREFLIGHTS: list[Callable[[TrackSpec], None]] = []
+"""Checks the registered plug-ins run on every track before a suite starts (raise ``SuiteError``)."""
+
+
+def register_preflight(check: Callable[[TrackSpec], None]) -> Callable[[TrackSpec], None]:
+    """Add a track check run before a suite starts (decorator)."""
+    PREFLIGHTS.append(check)
+    return check
+
+
 def _load_builtin_sources() -> None:
-    import trace_gym.leaderboard.sources  # noqa: F401  (registers the built-in sources)
-
-
-# ----------------------------------------------------------------------------- metrics
-
-
-def sample_ratios(forest: Any, advantage: str = "trace") -> dict[str, float]:
-    """Effective sample ratio: the share of trajectories (and of generated tokens) that
-    receive a non-zero advantage under the estimator ``advantage`` (registered in
-    :data:`trace_gym.forest.advantages.ADVANTAGES`; the tree-aware ``trace`` by default)."""
-    traj_ratio, token_ratio = forest.effective_sample_ratio(forest.advantages(advantage))
-    return {"effective_sample_ratio": traj_ratio, "effective_token_ratio": token_ratio}
+    """Import the modules of the group :data:`PLUGIN_GROUP` (the simulator's
+    ``trace_gym.leaderboard.sources`` and the trainers plug-in's), which register sources,
+    training runners and preflight checks."""
+    global _plugins_loaded
+    if not _plugins_loaded:
+        for ep in metadata.entry_points(group=PLUGIN_GROUP):
+            ep.load()
+        _plugins_loaded = True
 
 
 # ----------------------------------------------------------------------------- allocation runs
@@ -142,105 +140,38 @@ class RunResult:
     wall_s: float = 0.0
 
 
-def step_calibration(forest: Any) -> dict[str, float | None]:
-    """Calibration of the predictions the allocator made this step (``forest.pred``, written
-    before the step's outcomes were known): against the env's exact success probability
-    where it knows it (``forest.oracle``; the expected scores over outcomes), else against
-    the backed-up value of each predicted node weighted by its leaves. ``None`` when the
-    allocator predicted nothing."""
-    from trace_gym.predictors.calibration import calibration
-
-    seen = np.flatnonzero(np.isfinite(forest.pred))
-    if seen.size and np.isfinite(forest.oracle[seen]).all():
-        target, weight = forest.oracle[seen], np.ones(seen.size)
-    else:
-        seen = seen[forest.n_leaves[seen] > 0]
-        target, weight = forest.value[seen], forest.n_leaves[seen].astype(np.float64)
-    if seen.size == 0:
-        return {"brier": None, "ece": None, "auc": None}
-    cal = calibration(np.clip(forest.pred[seen], 0.0, 1.0), np.clip(target, 0.0, 1.0), weight)
-    return {k: clean_metric(cal[k]) for k in ("brier", "ece", "auc")}
+def row_spec(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed: int) -> RunSpec:
+    """The :class:`~trace_gym.run.RunSpec` of one leaderboard row and seed."""
+    policy = {"name": track.policy.name, "kwargs": {**track.policy.kwargs, **({"model": track.policy.model} if track.policy.model else {}),
+                                                    "max_new_tokens": track.policy.max_new_tokens,
+                                                    "temperature": track.policy.temperature}}
+    return RunSpec(envs=[{"id": env.id, "kwargs": dict(env.kwargs)}], policy=policy, allocator=alloc.spec,
+                   predictor=alloc.predictor if alloc.predictor is not None else track.predictor,
+                   advantage=alloc.advantage if alloc.advantage is not None else track.advantage,
+                   budget=track.budget, seed=seed)
 
 
-def _make_allocator(alloc: AllocatorEntry, seed: int):
-    import inspect
-
-    import trace_gym
-    from trace_gym.allocation.allocator import ALLOCATORS
-
-    kwargs = dict(alloc.kwargs)
-    try:
-        params = inspect.signature(ALLOCATORS.get(alloc.name)).parameters
-    except (TypeError, ValueError):
-        params = {}
-    if "seed" in params and "seed" not in kwargs:
-        kwargs["seed"] = seed  # allocators with randomness follow the run's seed
-    return trace_gym.make_allocator(alloc.name, **kwargs)
+def allocation_step(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed: int, cache: dict, **kwargs: Any) -> Step:
+    """The :class:`~trace_gym.step.Step` of one row: the row's run spec on the track's source."""
+    spec = row_spec(track, env, alloc, seed)
+    return Step.from_spec(spec, make_source(track, env, seed, cache), **kwargs)
 
 
-@dataclass
-class AllocationRun:
-    """The moving parts of one run: the source, the allocator, its predictor, the budget and
-    the advantage estimator. :meth:`step` is one step of the allocation track (and the
-    rollout phase of a training step)."""
-
-    source: RolloutSource
-    allocator: Any
-    predictor: Any | None
-    budget: Any
-    advantage: str
-    candidates: int
-
-    @classmethod
-    def build(cls, track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed: int, cache: dict) -> "AllocationRun":
-        import trace_gym
-
-        pred_name, pred_kwargs = resolve_predictor(track, alloc)
-        return cls(
-            source=make_source(track, env, seed, cache), allocator=_make_allocator(alloc, seed),
-            predictor=trace_gym.make_predictor(pred_name, **pred_kwargs) if pred_name else None,
-            budget=track.budget.to_budget(), advantage=resolve_advantage(track, alloc), candidates=track.budget.candidates,
-        )
-
-    def step(self, step: int) -> tuple[Any, StepRecord]:
-        """Allocate and roll out one step, measure it, and train the predictor on it.
-        Returns the backed-up forest and the step's record."""
-        import trace_gym
-        from trace_gym.allocation.allocator import add_candidates
-        from trace_gym.forest.forest import TERMINAL
-
-        ts = time.perf_counter()
-        rollout_s = [0.0]
-
-        def rollout(forest: Any, origins: np.ndarray) -> None:
-            t = time.perf_counter()
-            self.source.rollout(forest, origins)
-            rollout_s[0] += time.perf_counter() - t
-
-        forest = trace_gym.Forest()
-        add_candidates(forest, self.source.candidates(step, self.candidates))
-        spend = trace_gym.allocate_step(forest, self.allocator, self.budget, self.predictor, rollout)
-        allocator_ms = 1e3 * (time.perf_counter() - ts - rollout_s[0])
-        forest.backup()
-        metrics: dict[str, float | None] = {"effective_ratio": forest.effective_ratio(), **sample_ratios(forest, self.advantage)}
-        metrics.update(step_calibration(forest))
-        finished = forest.finished() if hasattr(forest, "finished") else (forest.flags & TERMINAL) != 0
-        metrics["reward_mean"] = float(np.mean(forest.reward[finished])) if finished.any() else None
-        if self.predictor is not None:
-            nodes = np.flatnonzero(((forest.flags & TERMINAL) == 0) & (forest.n_leaves > 0))
-            if nodes.size:
-                self.predictor.update(forest.histories(nodes), forest.value[nodes].astype(np.float64),
-                                      forest.n_leaves[nodes].astype(np.float64))
-        metrics.update(prompts=spend.prompts, branches=spend.branches, allocator_ms=allocator_ms,
-                       failed_trajectories=forest.counters.get("failed_trajectories", 0),
-                       rollout_s=rollout_s[0], step_s=time.perf_counter() - ts)
-        record = StepRecord(step=step, trajectories=int(spend.trajectories), tokens=int(forest.counters["generated_tokens"]),
-                            metrics={k: clean_metric(v) for k, v in metrics.items()})
-        return forest, record
-
-    def close(self) -> None:
-        if hasattr(self.source, "close"):
-            self.source.close()
+def step_record(result: StepResult) -> StepRecord:
+    """A step's figures as the leaderboard records them."""
+    m = result.metrics
+    metrics = {
+        "effective_ratio": m["effective_ratio"], "effective_sample_ratio": m["effective_sample_ratio"],
+        "effective_token_ratio": m["effective_token_ratio"], "brier": m.get("calibration/brier"),
+        "ece": m.get("calibration/ece"), "auc": m.get("calibration/auc"), "reward_mean": m["reward/mean"],
+        "prompts": m["spent/prompts"], "branches": m["branches"], "allocator_ms": 1e3 * m["time/allocator"],
+        "failed_trajectories": m["spent/failed_trajectories"], "rollout_s": m["time/rollout"], "step_s": m["time/step"],
+    }
+    for k in ("effective_sample_ratio/grpo", "effective_sample_ratio/trace", "update/loss", "update/sim_grad"):
+        if k in m:
+            metrics[k] = m[k]
+    return StepRecord(step=result.step, trajectories=int(result.spend.trajectories), tokens=int(m["spent/generated_tokens"]),
+                      metrics={k: clean_metric(v) for k, v in metrics.items()})
 
 
 ALLOCATION_FINAL = ("effective_ratio", "effective_sample_ratio", "effective_token_ratio", "brier", "ece", "auc", "allocator_ms")
@@ -248,45 +179,40 @@ ALLOCATION_FINAL = ("effective_ratio", "effective_sample_ratio", "effective_toke
 
 def run_allocation(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed: int, cache: dict,
                    on_step: Callable[[int], None] | None = None) -> RunResult:
-    """One allocation-track run; see the module docstring for what each step does."""
+    """One allocation-track run: ``track.steps`` steps of the row's :class:`~trace_gym.step.Step`."""
     t0 = time.perf_counter()
-    run = AllocationRun.build(track, env, alloc, seed, cache)
+    step = allocation_step(track, env, alloc, seed, cache)
     steps: list[StepRecord] = []
-    for step in range(track.steps):
-        _, record = run.step(step)
-        steps.append(record)
+    for i in range(track.steps):
+        steps.append(step_record(step.run(i)))
         if on_step:
-            on_step(step)
-    run.close()
+            on_step(i)
+    if hasattr(step.source, "finish"):
+        step.source.finish()
     return RunResult(steps=steps, final=mean_metrics(steps, ALLOCATION_FINAL), wall_s=time.perf_counter() - t0)
 
 
-def resolve_predictor(track: TrackSpec, alloc: AllocatorEntry) -> tuple[str | None, dict[str, Any]]:
+def resolve_predictor(track: TrackSpec, alloc: AllocatorEntry) -> ComponentSpec | None:
     """The predictor an allocator runs with: its entry's, else the track's, else the
-    allocator class's ``default_predictor`` (None: it needs none)."""
-    if alloc.predictor is not None:
-        return (None if alloc.predictor == "none" else alloc.predictor), dict(alloc.predictor_kwargs)
-    if track.predictor is not None:
-        return (None if track.predictor == "none" else track.predictor), dict(track.predictor_kwargs)
-    from trace_gym.allocation.allocator import ALLOCATORS
-
-    return getattr(ALLOCATORS.get(alloc.name), "default_predictor", None), {}
+    allocator's own (None: no predictor), resolved by :func:`trace_gym.run.defaults`."""
+    spec = alloc.predictor if alloc.predictor is not None else track.predictor
+    if spec is None:
+        return defaults(alloc.spec)[0]
+    return None if spec.name == "none" else spec
 
 
-def resolve_advantage(track: TrackSpec, alloc: AllocatorEntry) -> str:
-    """The advantage estimator that decides which samples are effective (and, in a training
-    track, what the policy is updated with): the allocator entry's, else the track's, else
-    the one matching the allocator's forests (its class's ``advantage``), else ``trace``."""
-    if alloc.advantage is not None:
-        return alloc.advantage
-    if track.advantage is not None:
-        return track.advantage
-    from trace_gym.allocation.allocator import ALLOCATORS
+def resolve_advantage(track: TrackSpec, alloc: AllocatorEntry) -> ComponentSpec:
+    """The advantage estimator of a row: the entry's, else the track's, else the allocator's own."""
+    spec = alloc.advantage if alloc.advantage is not None else track.advantage
+    return spec if spec is not None else defaults(alloc.spec)[1]
 
-    return getattr(ALLOCATORS.get(alloc.name), "advantage", "trace")
+
+def _name(spec: ComponentSpec | None) -> str | None:
+    return None if spec is None else str(spec)
 
 
 def mean_metrics(steps: Sequence[StepRecord], names: Sequence[str]) -> dict[str, float | None]:
+    """Mean of each named metric over the steps that report it."""
     out: dict[str, float | None] = {}
     for m in names:
         vals = [s.metrics.get(m) for s in steps if s.metrics.get(m) is not None]
@@ -367,10 +293,9 @@ def preflight(spec: SuiteSpec) -> None:
     """Check every track's trainer and warm-start configs before the suite starts (raises
     :class:`~trace_gym.leaderboard.spec.SuiteError`)."""
     _load_builtin_sources()
-    from trace_gym.leaderboard.sources import preflight as check_track
-
     for track in spec.tracks:
-        check_track(track)
+        for check in PREFLIGHTS:
+            check(track)
 
 
 def plan_suite(spec: SuiteSpec) -> list[RunPlan]:
@@ -384,10 +309,10 @@ def _seal(spec: SuiteSpec, plan: RunPlan, result: RunResult, run_id: str, proven
     return make_record(
         run=run_id, suite=spec.suite, track=t.name, kind=t.kind, env=plan.env.name, env_id=plan.env.id,
         env_kwargs=plan.env.kwargs, allocator=plan.alloc.key, allocator_name=plan.alloc.name,
-        allocator_kwargs=plan.alloc.kwargs, policy=policy, predictor=resolve_predictor(t, plan.alloc)[0],
-        advantage=resolve_advantage(t, plan.alloc), seed=plan.seed,
+        allocator_kwargs=plan.alloc.kwargs, policy=policy, predictor=_name(resolve_predictor(t, plan.alloc)),
+        advantage=str(resolve_advantage(t, plan.alloc)), seed=plan.seed,
         group=group_key(t.kind, plan.env.id, plan.env.kwargs, policy), config_hash=plan.config_hash,
-        budget=BudgetRecord(trajectories_per_step=t.budget.trajectories, steps=t.steps, candidates=t.budget.candidates,
+        budget=BudgetRecord(trajectories_per_step=t.budget.trajectories, steps=t.steps, candidates=t.budget.prompts,
                             root_fraction=t.budget.root_fraction, min_per_prompt=t.budget.min_per_prompt,
                             group_size=t.budget.group_size),
         spent=Spent(trajectories=sum(s.trajectories for s in result.steps), tokens=sum(s.tokens for s in result.steps),
@@ -453,8 +378,8 @@ def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, res
 
 
 __all__ = [
-    "ALLOCATION_FINAL", "AllocationRun", "RolloutSource", "RunPlan", "RunResult", "TRAINING_FINAL", "eval_steps",
-    "git_commit", "mean_metrics", "preflight", "step_calibration", "make_source", "package_versions", "plan_suite",
+    "ALLOCATION_FINAL", "RolloutSource", "allocation_step", "row_spec", "step_record", "RunPlan", "RunResult", "TRAINING_FINAL", "eval_steps",
+    "git_commit", "mean_metrics", "preflight", "make_source", "package_versions", "plan_suite",
     "register_source", "register_training_runner", "resolve_advantage", "resolve_predictor", "row_config", "run_allocation", "run_suite", "run_training",
-    "sample_ratios",
+
 ]

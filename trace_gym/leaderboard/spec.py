@@ -27,6 +27,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from trace_gym.run import BudgetSpec, ComponentSpec, check_allocator, check_predictor, env_id
+
 SUITE_DIRS: tuple[Path, ...] = (Path(__file__).resolve().parents[2] / "configs" / "suites", Path("configs") / "suites")
 """Where preset suites are looked up by name (the repository's ``configs/suites`` and the
 working directory's)."""
@@ -44,21 +46,18 @@ def _did_you_mean(name: str, choices: list[str] | set[str]) -> str:
 def _check_registered(kind: str, name: str) -> str:
     """Raise ``ValueError`` with a did-you-mean hint unless ``name`` is a registered ``kind``."""
     if kind == "environment":
-        import trace_gym
+        from trace_gym.registry import env_ids
 
-        known = trace_gym.env_ids()
+        known = env_ids()
     elif kind == "allocator":
-        import trace_gym.allocators  # noqa: F401  (registers the built-ins)
         from trace_gym.allocation.allocator import ALLOCATORS
 
         known = ALLOCATORS.names()
     elif kind == "predictor":
-        import trace_gym.predictors  # noqa: F401
         from trace_gym.predictors.base import PREDICTORS
 
         known = PREDICTORS.names()
     elif kind == "policy":
-        import trace_gym.policies  # noqa: F401
         from trace_gym.policies.base import POLICIES
 
         known = POLICIES.names()
@@ -82,6 +81,19 @@ def _check_estimator(spec: str | None) -> str | None:
     return spec
 
 
+def _check_predictor_spec(v: ComponentSpec | None) -> ComponentSpec | None:
+    if v is not None and v.name != "none":
+        _check_registered("predictor", v.name)
+        check_predictor(v)
+    return v
+
+
+def _check_advantage_spec(v: ComponentSpec | None) -> ComponentSpec | None:
+    if v is not None:
+        _check_estimator(str(v))
+    return v
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -96,7 +108,7 @@ class EnvEntry(_Strict):
     @field_validator("id")
     @classmethod
     def _registered(cls, v: str) -> str:
-        return _check_registered("environment", v)
+        return _check_registered("environment", env_id(v))
 
     @property
     def name(self) -> str:
@@ -105,17 +117,25 @@ class EnvEntry(_Strict):
 
 
 class AllocatorEntry(_Strict):
-    """One allocator of a track: a registered name, its kwargs, a display label, and
-    optionally the predictor it runs with (default: the track's, else the allocator's own
-    ``default_predictor``; ``"none"`` for no predictor) and the advantage estimator, with
-    options as ``"trace:scale=group"`` (default: the track's, else the allocator's own)."""
+    """One allocator of a track, written as everywhere else (``"trace:stage1=uniform"`` or
+    ``{name: trace, kwargs: {stage1: uniform}}``), with an optional display label and,
+    optionally, the predictor it runs with (default: the track's, else the allocator's own;
+    ``"none"`` for no predictor) and the advantage estimator (``"trace:scale=group"``;
+    default: the track's, else the allocator's own)."""
 
     name: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
     label: str | None = None
-    predictor: str | None = None
-    predictor_kwargs: dict[str, Any] = Field(default_factory=dict)
-    advantage: str | None = None
+    predictor: ComponentSpec | None = None
+    advantage: ComponentSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            spec = ComponentSpec.model_validate(data)
+            return {"name": spec.name, "kwargs": dict(spec.kwargs)}
+        return data
 
     @field_validator("name")
     @classmethod
@@ -124,48 +144,36 @@ class AllocatorEntry(_Strict):
 
     @field_validator("predictor")
     @classmethod
-    def _predictor(cls, v: str | None) -> str | None:
-        return v if v in (None, "none") else _check_registered("predictor", v)
+    def _predictor(cls, v: ComponentSpec | None) -> ComponentSpec | None:
+        return _check_predictor_spec(v)
 
     @field_validator("advantage")
     @classmethod
-    def _estimator(cls, v: str | None) -> str | None:
-        return _check_estimator(v)
+    def _estimator(cls, v: ComponentSpec | None) -> ComponentSpec | None:
+        return _check_advantage_spec(v)
+
+    @model_validator(mode="after")
+    def _options(self) -> "AllocatorEntry":
+        check_allocator(self.spec)  # the options the allocator takes
+        return self
+
+    @property
+    def spec(self) -> ComponentSpec:
+        """The allocator as a :class:`~trace_gym.run.ComponentSpec`."""
+        return ComponentSpec(name=self.name, kwargs=dict(self.kwargs))
 
     @property
     def key(self) -> str:
         """The row name on the leaderboard: the label, else ``name(k=v,...)``, with
-        ``[adv=...]`` where the entry sets its own advantage estimator."""
+        ``[pred=...]``/``[adv=...]`` where the entry sets its own predictor or estimator."""
         if self.label:
             return self.label
         key = self.name
         if self.kwargs:
             key += "(" + ",".join(f"{k}={v}" for k, v in sorted(self.kwargs.items())) + ")"
+        if self.predictor is not None:
+            key += f"[pred={self.predictor}]"
         return key + (f"[adv={self.advantage}]" if self.advantage else "")
-
-
-class BudgetSpec(_Strict):
-    """What one step may spend (see :class:`trace_gym.Budget`), and the candidate pool size.
-
-    ``trajectories`` is the paper's M; ``candidates`` the number of prompts offered to the
-    allocator each step (the paper's B).
-    """
-
-    trajectories: int = Field(ge=1)
-    candidates: int = Field(ge=1)
-    root_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
-    min_per_prompt: int = Field(default=2, ge=1)
-    max_per_prompt: int | None = Field(default=None, ge=1)
-    group_size: int = Field(default=8, ge=1)
-
-    def to_budget(self):
-        """The :class:`trace_gym.Budget` for one step."""
-        from trace_gym.allocation.allocator import Budget
-
-        return Budget(
-            trajectories=self.trajectories, root_fraction=self.root_fraction, min_per_prompt=self.min_per_prompt,
-            max_per_prompt=self.max_per_prompt, group_size=self.group_size,
-        )
 
 
 class WarmStartSpec(_Strict):
@@ -216,10 +224,11 @@ class TrainerSpec(_Strict):
 
 
 def _entries(v: Any, entry: type[BaseModel], key: str) -> Any:
-    """Accept ``"name"`` as shorthand for ``{key: "name"}`` in lists of entries."""
+    """Accept ``"name"`` as shorthand for ``{key: "name"}`` (allocators parse their own
+    ``"name:key=value"`` form), and one entry where a list is expected."""
     if isinstance(v, (str, dict)):
         v = [v]
-    if isinstance(v, list):
+    if isinstance(v, list) and entry is not AllocatorEntry:
         return [{key: x} if isinstance(x, str) else x for x in v]
     return v
 
@@ -227,7 +236,7 @@ def _entries(v: Any, entry: type[BaseModel], key: str) -> Any:
 class TrackSpec(_Strict):
     """One track of a suite: envs x allocators x seeds at one budget, policy and step count.
 
-    ``seeds`` defaults to the suite's. ``predictor`` (with ``predictor_kwargs``) overrides
+    ``seeds`` defaults to the suite's. ``predictor`` (``"hashed:lr=0.03"``) overrides
     the predictor of every allocator (default: each allocator's own ``default_predictor``;
     ``"none"``: no predictor); it is built fresh for each run and trained online on the
     run's (history, backed-up value) pairs. ``advantage`` overrides the estimator under
@@ -243,9 +252,8 @@ class TrackSpec(_Strict):
     budget: BudgetSpec
     steps: int = Field(ge=1)
     seeds: list[int] | None = None
-    predictor: str | None = None
-    predictor_kwargs: dict[str, Any] = Field(default_factory=dict)
-    advantage: str | None = None
+    predictor: ComponentSpec | None = None
+    advantage: ComponentSpec | None = None
     trainer: TrainerSpec | None = None
     eval: EvalSpec | None = None
 
@@ -261,13 +269,13 @@ class TrackSpec(_Strict):
 
     @field_validator("predictor")
     @classmethod
-    def _registered(cls, v: str | None) -> str | None:
-        return v if v in (None, "none") else _check_registered("predictor", v)
+    def _predictor(cls, v: ComponentSpec | None) -> ComponentSpec | None:
+        return _check_predictor_spec(v)
 
     @field_validator("advantage")
     @classmethod
-    def _estimator(cls, v: str | None) -> str | None:
-        return _check_estimator(v)
+    def _estimator(cls, v: ComponentSpec | None) -> ComponentSpec | None:
+        return _check_advantage_spec(v)
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrackSpec":

@@ -2,16 +2,17 @@
 
 Token in, token out: the rollout engine keeps every trajectory as token ids and never
 re-tokenises text between turns or when it branches. Backends (``hf``, ``vllm``,
-``openai``, ``sim``) register by name in :data:`policies`.
+``openai``, ``sim``) register by name in :data:`POLICIES` (entry-point group
+``trace_gym.policies``).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from trace_gym.registry import Registry
+from trace_gym.registry import POLICY_GROUP, Registry
 
 
 @dataclass
@@ -43,7 +44,10 @@ class Generation:
 
 @dataclass
 class SamplingParams:
-    """How to sample one turn."""
+    """How a policy samples one turn: at most ``max_new_tokens`` tokens, at ``temperature``
+    (``<= 0``: greedy where the backend supports it) with nucleus ``top_p``. ``seed``, when
+    set, makes a backend's sampling reproducible (same prompts and seed, same tokens);
+    behaviour log-probs are those of this sampling distribution."""
 
     max_new_tokens: int = 256
     temperature: float = 1.0
@@ -98,12 +102,24 @@ class Policy(ABC):
         """Release resources (HTTP clients, engines). Safe to call more than once."""
 
 
-POLICIES: Registry[Policy] = Registry("policy")
-"""Name -> policy backend. Register with ``trace_gym.policies.register("name")``."""
+POLICIES: Registry[Policy] = Registry("policy", group=POLICY_GROUP)
+"""Name -> policy backend factory; also the entry-point group ``trace_gym.policies``."""
+
+
+def register_policy(name: str, factory: Callable[..., Policy] | None = None, *, overwrite: bool = False):
+    """Register a policy backend under ``name`` (a decorator when ``factory`` is omitted).
+
+    ``factory(**kwargs)`` (usually the :class:`Policy` subclass itself) builds it. A taken
+    name raises ``ValueError`` unless ``overwrite=True``. Installed packages can instead
+    declare ``name = "pkg.module:Class"`` in the entry-point group ``trace_gym.policies``;
+    the module is imported only when a policy of that name is built.
+    """
+    return POLICIES.register(name, factory, overwrite=overwrite)
 
 
 def make_policy(name: str, **kwargs: Any) -> Policy:
-    """Build a registered policy backend by name."""
-    import trace_gym.policies  # noqa: F401  (registers the built-ins)
-
+    """Build the policy backend registered as ``name`` (``hf``, ``vllm``, ``openai``, ``sim``
+    or a plug-in's) with ``kwargs``, importing its module (and torch, vllm ...) only now.
+    An unknown name raises :class:`~trace_gym.registry.UnknownNameError` listing close
+    names; a backend that fails to import raises :class:`~trace_gym.registry.PluginError`."""
     return POLICIES.make(name, **kwargs)

@@ -1,23 +1,18 @@
-"""Built-in predictors of V(H).
+"""Predictors of V(H): ``beta``, ``hashed``, ``lm``, ``oracle``.
 
-``trace_gym.predictors.register("name")`` registers your own;
-``trace_gym.make_predictor("name", **kwargs)`` builds one.
+``@trace_gym.register_predictor("name")`` (alias ``trace_gym.predictors.register``)
+registers your own; ``trace_gym.make_predictor("name", **kwargs)`` builds one.
+
+The built-ins are entry points of the group ``trace_gym.predictors`` (declared in this
+project's ``pyproject.toml``, exactly as a third-party predictor would be), imported when a
+predictor of that name is first built (``lm`` imports torch and transformers).
 """
 
-from trace_gym.predictors.base import PREDICTORS
+from __future__ import annotations
 
-register = PREDICTORS.register
+from trace_gym.predictors.base import PREDICTORS, register_predictor
+
+register = register_predictor
 names = PREDICTORS.names
 
-# the built-ins register themselves exactly as a user's predictor would
-from trace_gym.predictors import beta, hashed, oracle  # noqa: E402,F401
-
-
-def _lm(**kwargs):
-    """Build the ``lm`` predictor (imported on first use: it needs torch and transformers)."""
-    from trace_gym.predictors.lm import LMPredictor
-
-    return LMPredictor(**kwargs)
-
-
-register("lm", _lm)
+__all__ = ["PREDICTORS", "names", "register"]

@@ -9,16 +9,24 @@ enters the policy gradient.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from trace_gym.forest.forest import History
-from trace_gym.registry import Registry
+from trace_gym.registry import PREDICTOR_GROUP, Registry
 
 
 class Predictor(ABC):
-    """``predict(histories) -> p`` in [0, 1]; ``update(histories, targets, weights)``."""
+    """Predicts V(H), the probability that a rollout continued from history H succeeds.
+
+    Contract: :meth:`predict` maps a batch of :class:`~trace_gym.forest.forest.History` to
+    a float64 array of probabilities in [0, 1], one per history, without changing state;
+    :meth:`update` learns from backed-up values (targets in [0, 1], optional non-negative
+    weights, typically the number of leaves under each node). :meth:`state_dict` /
+    :meth:`load_state_dict` round-trip everything a checkpoint needs. A predictor serves
+    the allocator only; it never enters the policy gradient.
+    """
 
     name: str = "predictor"
 
@@ -38,12 +46,23 @@ class Predictor(ABC):
         """Restore what :meth:`state_dict` returned."""
 
 
-PREDICTORS: Registry[Predictor] = Registry("predictor")
-"""Name -> predictor class. Register with ``trace_gym.predictors.register("name")``."""
+PREDICTORS: Registry[Predictor] = Registry("predictor", group=PREDICTOR_GROUP)
+"""Name -> predictor factory; also the entry-point group ``trace_gym.predictors``."""
+
+
+def register_predictor(name: str, factory: Callable[..., Predictor] | None = None, *, overwrite: bool = False):
+    """Register a predictor under ``name`` (a decorator when ``factory`` is omitted).
+
+    ``factory(**kwargs)`` (usually the :class:`Predictor` subclass itself) builds it; it may
+    take ``seed``. A taken name raises ``ValueError`` unless ``overwrite=True``. Installed
+    packages can instead declare ``name = "pkg.module:Class"`` in the entry-point group
+    ``trace_gym.predictors``.
+    """
+    return PREDICTORS.register(name, factory, overwrite=overwrite)
 
 
 def make_predictor(name: str, **kwargs: Any) -> Predictor:
-    """Build a registered predictor by name (``make_predictor("hashed")``)."""
-    import trace_gym.predictors  # noqa: F401  (registers the built-ins)
-
+    """Build the predictor registered as ``name`` with ``kwargs`` (``make_predictor("hashed")``).
+    An unknown name raises :class:`~trace_gym.registry.UnknownNameError` listing close
+    names; a plug-in that fails to import raises :class:`~trace_gym.registry.PluginError`."""
     return PREDICTORS.make(name, **kwargs)

@@ -1,93 +1,50 @@
 """``hashed``: one shared online logistic model of V(H) over hashed n-gram features.
 
-A single model serves every prompt and every prefix (PAPER.md sec. 3, "shared predictor"),
-so what it learns on one prompt transfers to others with similar words. The features of a
-history H (prompt + turns so far), each hashed into ``2**bits`` weights:
+A single model serves every prompt and every prefix (PAPER.md sec. 3, "shared predictor").
+The features of a history H (prompt + turns so far), each hashed into ``2**bits`` weights:
 
-* the prompt's word unigrams and bigrams (so it learns difficulty cues and, for prompts
-  that recur, the prompt itself), and a bias;
+* the prompt's word unigrams and bigrams, and a bias;
 * the prefix depth, the turns remaining (``max_turns - depth`` where ``max_turns`` is
   known) and their pair;
 * the words of every earlier turn (bag of words, each turn counted once per word);
 * the unigrams and bigrams of the *last* turn (action and observation), alone and crossed
-  with the turns remaining: the latest observation says most about the current state, and
-  how much it matters depends on how many turns are left.
+  with the turns remaining.
 
 Words are lower-cased runs of ``[a-z0-9_]``. Feature lists are cached per prompt and per
-turn text, so a history costs a few dictionary look-ups. Training is weighted logistic
-regression on (H, V_hat) pairs with AdaGrad, ``epochs`` shuffled passes per
-:meth:`~HashedPredictor.update` (online: each call continues from the current weights);
-sample weights are normalised to mean 1 within a call. Prediction and training run in
-numba over a CSR matrix of feature ids.
+turn text. Training is weighted logistic regression on (H, V_hat) pairs with AdaGrad,
+``epochs`` shuffled passes per :meth:`~HashedPredictor.update` (online: each call continues
+from the current weights); sample weights are normalised to mean 1 within a call.
+Prediction and training run in numba over a CSR matrix of feature ids.
 
 Empirical-Bayes root counts (``counts=True``, the default)
 ----------------------------------------------------------
 
-A prompt that recurs (an epoch later, or in the next candidate pool) has been *sampled*:
-its own outcomes say more about its root success probability than the shared model's
-few prompt-identity features, which AdaGrad moves slowly and a shared bias pulls back.
-The predictor therefore keeps, per prompt (``History.task_id``), the outcome counts of
-its roots. An update holding a root history of backed-up value ``V_hat`` adds
-``S += K V_hat`` successes out of ``N += K``, where ``K`` is the number of independent
-draws behind it: the root's depth-1 children in the same update (one per rollout that
-started at the root; the bench and the trainer pass every non-terminal node with leaves),
-or, when the update holds none, the root's weight (the caller's leaf count). Leaves of
-branches share their prefix with the rollout they branch from, so counting every leaf
-would overstate the evidence; ``V_hat`` itself uses every leaf. The root prediction is
-the posterior mean of the hierarchical (beta-binomial) model
+The predictor keeps, per prompt (``History.task_id``), the outcome counts of its roots. An
+update holding a root history of backed-up value ``V_hat`` adds ``S += K V_hat`` successes
+out of ``N += K``, where ``K`` is the number of independent draws behind it: the root's
+depth-1 children in the same update (one per rollout that started at the root), or, when
+the update holds none, the root's weight (the caller's leaf count). ``count_decay`` < 1
+multiplies every prompt's counts by that factor per update. The root prediction is the
+posterior mean of the hierarchical (beta-binomial) model
 
     p_i ~ Beta(s m_i, s (1 - m_i)),    outcomes of prompt i ~ Bernoulli(p_i),
     E[p_i | counts] = (s m_i + S_i) / (s + N_i),
 
-whose prior mean ``m_i`` is the shared logistic model's prediction for the prompt and
-whose prior strength ``s`` (pseudo-outcomes) is learned from held-out data: every update
-first scores the incoming root counts under the posterior predictive of each ``s`` on a
-log grid (the beta-binomial log-likelihood of each prompt's new outcomes together,
-computed *before* the counts and the model are updated, i.e. prequentially) and the grid
-point with the largest accumulated log-likelihood is used (``prior_strength`` fixes it
-instead; until a root outcome has been seen ``s = 2``, a uniform Beta at ``m = 1/2``).
-A small ``s`` means the shared model says little about a single prompt (on ContrastLab's
-bimodal default it settles near 1, a U-shaped Beta: an unknown prompt is likely
-all-or-nothing), a large one that it says a lot. Nothing about the metric an allocator
-optimises enters the choice. The group likelihood is the score that matches how TRACE
-uses the distribution (the chance that a group of rollouts comes out all equal), and it
-settles on the same ``s`` whether the prompts were sampled at random (GRPO) or chosen by
-TRACE. A second ``s`` for the posterior mean, chosen by scoring each new outcome on its
-own, was tried and dropped: judged against the exact success rates of all candidates a
-larger ``s`` (4-8) gives the better mean, but the per-outcome score computed on the
-prompts TRACE chose to sample drifted to 0.25 (a prompt whose posterior turned
-pessimistic is not sampled again, so its miscalibration is never scored), which made the
-roots' log-loss worse, not better; the group score did not drift that way.
-
-Calibration, measured on every candidate root of the reference workload against its
-exact success probability (30 steps, seeds 0-2): against the shared model alone the
-counts improve the Brier score (0.108 vs 0.111 on GRPO's data, 0.092 vs 0.095 on TRACE's)
-and AUC, and cost a little log-loss (0.359 vs 0.355; 0.325 vs 0.322) and ECE (0.015 vs
-0.010; 0.022 vs 0.017): the posterior is somewhat sharper than the truth, mostly for
-prompts seen once or twice.
-
-Caveats, stated so a reader can judge them: ``K`` understates the evidence of a branched
-tree a little (its branches do refine ``V_hat``), which errs towards caution; leaves of
-branches chosen by value are not draws of the root's outcome (measured on TRACE's forests
-on ContrastLab: a bias of +0.004 in the root's ``V_hat``); and the shared model's ``m_i``
-has itself been trained on the prompt's outcomes through its name features, which the
-learned ``s`` absorbs (dropping the name from the features changed nothing measurable).
-``count_decay`` < 1 discounts old counts per update, for a policy that changes quickly.
-Inner nodes get the shared model's prediction unchanged (a per-prompt logit shift of
-inner nodes was tried and did not help).
-
-On the learning rate: ``lr=0.1`` is the default this predictor has had from the start.
-Its prequential (held-out) log-loss on ContrastLab's reference workload is *not* the best
-of the grid tried: ``lr=0.03`` is better on roots and inner nodes alike, on a stream that
-does not depend on the predictor (uniform allocation) and on TRACE's own, while TRACE's
-effective ratio is lower with it (figures in the allocator bench's report). Pick the rate
-by held-out log-loss on your own data; ``trace-gym bench allocators --predictor
-hashed:lr=0.03`` reruns the comparison.
+whose prior mean ``m_i`` is the shared logistic model's prediction for the prompt. The prior
+strength ``s`` (pseudo-outcomes) is ``prior_strength`` when given; otherwise it is learned:
+every update first scores the incoming root counts under the posterior predictive of each
+``s`` on the log grid ``STRENGTH_GRID`` (the beta-binomial log-likelihood of each prompt's
+new outcomes together, computed *before* the counts and the model are updated, i.e.
+prequentially), and the grid point with the largest accumulated log-likelihood is used
+(``s = 2`` until a root outcome has been seen). Inner nodes get the shared model's
+prediction unchanged.
 
 :meth:`HashedPredictor.predict_beta` exposes the whole predictive distribution: the mean
 and the concentration ``s + N_i`` of the root's Beta posterior (``inf`` for inner nodes:
-a point estimate). TRACE's stage 1 uses it to maximise the *expected* number of mixed
-groups under that uncertainty (:mod:`trace_gym.allocators.trace`).
+a point estimate). TRACE's stage 1 uses it (:mod:`trace_gym.allocators.trace`).
+
+Why the features, the counts and their prior are chosen this way, and the caveats: the
+README's "Design notes".
 """
 
 from __future__ import annotations

@@ -37,21 +37,20 @@ and once the other trajectories have finished the engine raises :class:`RolloutE
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import math
 import os
-import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from trace_gym.allocation.allocator import Budget, Spend, allocate_step, make_allocator
+from trace_gym.allocation.budget import Budget, Spend
+from trace_gym.allocation.allocator import allocate_step, make_allocator
 from trace_gym.env.base import AgentEnv, EnvSnapshot
 from trace_gym.forest.forest import BRANCH, TERMINAL, TRUNCATED, Forest
-from trace_gym.policies.base import Policy, SamplingParams, make_policy
+from trace_gym.policies.base import Policy, SamplingParams
 from trace_gym.env.react import parse_turn
 from trace_gym.task import Task
 
@@ -449,131 +448,7 @@ def write_jsonl(forest: Forest, path: str, *, snapshots: bool = True) -> int:
     return len(records)
 
 
-# ----------------------------------------------------------------------------- CLI
-
-
-def _kv(items: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--policy-arg expects KEY=VALUE, got {item!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
-def configure_rollout(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``trace-gym rollout``."""
-    parser.add_argument("env", help="environment id, e.g. trace_gym/MathCalc-v0 (the trace_gym/ prefix may be omitted)")
-    parser.add_argument("--policy", default="hf", help="policy backend: hf, vllm, openai, sim (default hf)")
-    parser.add_argument("--model", default="smollm2-135m", help="model alias, local directory or hub id (hf, vllm, openai)")
-    parser.add_argument("--base-url", default=None, help="server URL for --policy openai (e.g. http://127.0.0.1:8000/v1)")
-    parser.add_argument("--policy-arg", action="append", default=[], metavar="KEY=VALUE", help="extra backend argument (JSON value), repeatable")
-    parser.add_argument("--allocator", default="grpo", help="allocator name (default grpo)")
-    parser.add_argument("--predictor", default=None, help="predictor name (default: the allocator's own; 'none' for none)")
-    parser.add_argument("--budget", type=int, default=16, help="trajectories per step, M (default 16)")
-    parser.add_argument("--prompts", type=int, default=4, help="candidate prompts (default 4)")
-    parser.add_argument("--group-size", type=int, default=None, help="rollouts per prompt for fixed-group allocators (default M / prompts)")
-    parser.add_argument("--root-fraction", type=float, default=0.5, help="share of M spent on bare rollouts (default 0.5)")
-    parser.add_argument("--split", default="train", choices=["train", "validation", "test"])
-    parser.add_argument("--start", type=int, default=0, help="index of the first task (default 0)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="per-turn token limit (default 128)")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--max-turns", type=int, default=None, help="episode turn limit (default: the env's)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--out", default="trees.jsonl", help="output JSONL, one record per node (default trees.jsonl)")
-    parser.add_argument("--no-snapshots", action="store_true", help="leave env snapshots out of the JSONL")
-    parser.set_defaults(func=run_rollout)
-
-
-def build_policy(args: argparse.Namespace, env: AgentEnv) -> Policy:
-    """The policy ``trace-gym rollout`` asks for, from its arguments."""
-    kwargs = _kv(args.policy_arg)
-    if args.policy == "sim":
-        kwargs.setdefault("world", getattr(env, "world", None))
-        if kwargs["world"] is None:
-            kwargs.pop("world")
-    elif args.policy == "openai":
-        if args.base_url:
-            kwargs.setdefault("base_url", args.base_url)
-        kwargs.setdefault("model", args.model)
-    else:
-        kwargs.setdefault("model", args.model)
-        if args.policy == "hf" and args.threads:
-            kwargs.setdefault("num_threads", args.threads)
-    return make_policy(args.policy, **kwargs)
-
-
-def run_rollout(args: argparse.Namespace) -> int:
-    """``trace-gym rollout``: one step of trees for an env, policy and allocator, written as JSONL."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    import trace_gym
-
-    console = Console(stderr=True)
-    if args.threads:
-        os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    env_id = args.env if "/" in args.env else f"trace_gym/{args.env}"
-    env_kwargs: dict[str, Any] = {"seed": args.seed, "split": args.split}
-    if args.max_turns:
-        env_kwargs["max_turns"] = args.max_turns
-    env = trace_gym.make(env_id, **env_kwargs)
-    policy = build_policy(args, env)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
-    budget = Budget(trajectories=args.budget, root_fraction=args.root_fraction,
-                    group_size=args.group_size or max(1, args.budget // max(1, args.prompts)))
-    allocator = make_allocator(args.allocator)
-    # the allocator's own predictor unless one is named (`--predictor none`: no predictor)
-    predictor_name = args.predictor or getattr(type(allocator), "default_predictor", None)
-    predictor = trace_gym.make_predictor(predictor_name) if predictor_name and predictor_name != "none" else None
-    src = env.tasks()
-    tasks = [src.get(args.start + i, args.split) for i in range(args.prompts)]
-    forest = Forest()
-    status = 0
-    with Progress(TextColumn("[bold]rollout[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                  TimeElapsedColumn(), console=console, transient=False) as bar:
-        task_bar = bar.add_task("rollout", total=args.budget, info="")
-        done_before = [0]
-
-        def on_wave(stats: dict[str, int]) -> None:
-            done = done_before[0] + stats["finished"] + stats["failed"]
-            bar.update(task_bar, completed=done, info=f"live {stats['live']}  tokens {forest.counters['generated_tokens']}")
-            if stats["live"] == 0:
-                done_before[0] = done
-
-        engine = RolloutEngine(env, policy, params, progress=on_wave)
-        engine.add_roots(forest, tasks)
-        try:
-            spend = engine.step(forest, allocator, budget, predictor)
-        except RolloutError as exc:
-            spend = allocator.spent
-            status = 1
-            console.print(f"[red]error:[/] {exc}")
-            for f in exc.failures[:10]:
-                console.print(f"  trajectory {f.traj} (from node {f.origin}, stopped after node {f.last_node}): {f.error}")
-    n = write_jsonl(forest, args.out, snapshots=not args.no_snapshots)
-    forest.backup()
-    summary = {
-        "env": env_id, "policy": args.policy, "allocator": args.allocator, "nodes": n, "out": args.out,
-        "effective_ratio": round(forest.effective_ratio(), 4), "spend": spend.as_dict(), "counters": dict(forest.counters),
-    }
-    console.print_json(json.dumps(summary))
-    policy.close()
-    return status
-
-
 __all__ = [
-    "Failure", "RolloutEngine", "chat_renderer", "RolloutError", "RootRecord", "TokenSequence", "TurnRecord", "configure_rollout",
+    "Failure", "RolloutEngine", "chat_renderer", "RolloutError", "RootRecord", "TokenSequence", "TurnRecord",
     "node_records", "node_text", "prefix_ids", "sequence", "write_jsonl",
 ]
-
-if __name__ == "__main__":  # pragma: no cover
-    from trace_gym.cli.main import main
-
-    sys.exit(main(["rollout", *sys.argv[1:]]))

@@ -14,7 +14,7 @@ from trace_gym.sim.world import CAT_ERROR, CAT_NEUTRAL, CAT_PROGRESS, OBS_EARLY,
 
 
 class ContrastLabEnv(AgentEnv):
-    """``trace_gym/ContrastLab-v0``: the text face of ContrastLab (see the module docstring).
+    """``trace_gym/ContrastLab-v0``: the text face of ContrastLab (the model: :mod:`trace_gym.sim.world`).
 
     Each turn the agent calls ``act`` with an option, or answers with ``<answer>X</answer>``
     on the task's last step. ``info["success_probability"]`` is the exact V(H) of the prefix

@@ -1,6 +1,58 @@
 """ContrastLab's world: tasks, the simulated policy's skills, and the exact success probability V(H) of every prefix.
 
-The design of the simulator and why it is built this way are in the README's "Design notes".
+One :class:`ContrastLabWorld` is read by the env (:mod:`trace_gym.sim.env`), the fast path
+(:mod:`trace_gym.sim.fast`) and the ``sim`` policy (:mod:`trace_gym.sim.policy`), which run
+the same random process (the env and the fast path are tested to agree in distribution,
+``tests/test_contrastlab.py``). The model:
+
+**Tasks.** Task ``i`` has ``T_i`` turns, drawn uniformly from the ``turns`` range (2-6 by
+default) independently of its difficulty, and a target root success probability ``p_i``
+drawn from the ``difficulty`` distribution (:func:`~trace_gym.sim.difficulty.parse_difficulty`;
+default ``0.5*beta:0.3,3+0.5*beta:3,0.3``, bimodal).
+
+**Policy and latent state.** At every turn the policy picks one of ``n_options`` (4)
+options; one of them, fixed per (task, turn) and hidden, is correct. The policy picks the
+correct one with probability ``q_it = sigmoid(skill_i + shared_skill + offset_it)`` and
+otherwise a uniformly random wrong one; the offsets are 0 unless ``step_spread = s`` draws
+them from N(0, s^2). The latent *on-track* bit (1 at the start) becomes 0 after a wrong
+option; after a correct one it stays 1, or goes from 0 to 1 with probability ``recovery``
+(0.2). The last turn is the final answer; the reward is the bit after it. For a prefix
+ending after turn ``t`` in state ``s`` the success probability is exact:
+
+    V(H) = v_s(t),   v_on(T_i) = 1, v_off(T_i) = 0,
+    v_on(t)  = q v_on(t+1) + (1-q) v_off(t+1),
+    v_off(t) = q r v_on(t+1) + (1 - q r) v_off(t+1)      (q = q_i,t+1, r = recovery)
+
+``skill_i`` is set by bisection so that ``v_on(0) = p_i``. ``V(H)`` is the success
+probability of continuing from the env state at ``H`` (latent bit included), i.e. of a
+branch from ``H``, under the ``sim`` policy at temperature 1.
+
+**Observations.** After a tool turn the env reports ``progress`` when on track and a
+``tool error`` when not, except that with probability ``obs_noise`` (0.2) it returns the
+uninformative ``the tool returned a result``. A malformed action gets an error observation
+and counts as a wrong option.
+
+**Prompts.** Each prompt names the task (a unique made-up word), its number of steps, a
+random domain word and three descriptor words; each descriptor comes, with probability
+``prompt_signal`` (0.5), from the ten-word band of the task's difficulty decile, else from
+a random band.
+
+**Tokens.** Each policy turn is a ``<think>`` sentence drawn uniformly from a fixed list of
+eight (5 to 24 words) followed by a tool call, or by the answer on the last turn. A turn's
+token count is its length under the ``sim`` policy's word-level tokenizer; the fast path
+uses the same counts.
+
+**Learning mode.** :meth:`ContrastLabWorld.reinforce` applies one REINFORCE step to the
+skills from a forest's per-node advantages: for each policy turn with advantage ``A`` that
+chose correctly (``c = 1``) or not (``c = 0``) at turn t, ``skill_i += lr * A * (c - q_it)``
+(the gradient of ``log pi(option)`` with respect to the correct option's logit), and
+``shared_skill`` moves by ``shared_lr`` times the mean of those gradients.
+
+**Not modelled.** Turn lengths do not depend on the latent state; a task's difficulty does
+not depend on its length; the policy does not see the latent bit; ``V(H)`` assumes
+sampling temperature 1.
+
+Why the simulator is built this way: the README's "Design notes".
 """
 
 from __future__ import annotations
