@@ -219,12 +219,13 @@ def test_rollout_cli_writes_one_record_per_node(tmp_path, capsys):
     from trace_gym.cli.main import main
 
     out = tmp_path / "trees.jsonl"
-    code = main(["rollout", "ContrastLab-v0", "--policy", "sim", "--allocator", "trace", "--budget", "16", "--prompts", "4",
+    code = main(["rollout", "ContrastLab-v0", "--policy", "sim", "--allocator", "trace", "--trajectories", "16", "--prompts", "4",
                  "--out", str(out)])
     assert code == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert sum(r["parent"] < 0 for r in records) == 4
     assert len({r["traj"] for r in records if r["traj"] >= 0}) == 16
+    assert all(r["token_ids"] for r in records)  # token-level trees from the rollout engine
     err = capsys.readouterr().err
     assert "rollout" in err and '"effective_ratio"' in err and '"trajectories": 16' in err
 
@@ -234,7 +235,7 @@ def test_rollout_cli_with_smollm2(tmp_path, capsys):
     from trace_gym.cli.main import main
 
     out = tmp_path / "trees.jsonl"
-    code = main(["rollout", "MathCalc-v0", "--model", smollm2_path(), "--allocator", "grpo", "--budget", "4", "--prompts", "2",
+    code = main(["rollout", "MathCalc-v0", "--model", smollm2_path(), "--allocator", "grpo", "--trajectories", "4", "--prompts", "2",
                  "--max-new-tokens", "8", "--max-turns", "1", "--out", str(out), "--no-snapshots"])
     assert code == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]

@@ -7,16 +7,17 @@ import json
 import os
 from typing import Any, Sequence
 
+from trace_gym.cli.errors import UsageError
 from trace_gym.rollout.engine import write_jsonl
 from trace_gym.run import RunSpec
 
 
-def _kv(items: Sequence[str]) -> dict[str, Any]:
+def _kv(items: Sequence[str], flag: str = "--policy-arg") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--policy-arg expects KEY=VALUE, got {item!r}")
+        if not sep or not key.strip():
+            raise UsageError(f"{flag} expects KEY=VALUE, got {item!r}")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -28,7 +29,11 @@ def configure_rollout(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``trace-gym rollout``."""
     parser.add_argument("env", help="environment id, e.g. MathCalc-v0 (short for trace_gym/MathCalc-v0)")
     parser.add_argument("--policy", default="hf", help="policy backend: hf, vllm, openai, sim (default hf)")
-    parser.add_argument("--model", default="smollm2-135m", help="model alias, local directory or hub id (hf, vllm, openai)")
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="model alias (tiny, smollm2-135m; see `trace-gym list models`), local directory or hub id "
+                             "(hf, vllm); the served model's name (openai)")
+    parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="env constructor argument (JSON value), repeatable")
     parser.add_argument("--base-url", default=None, help="server URL for --policy openai (e.g. http://127.0.0.1:8000/v1)")
     parser.add_argument("--policy-arg", action="append", default=[], metavar="KEY=VALUE", help="extra backend argument (JSON value), repeatable")
     parser.add_argument("--allocator", default="grpo", help="allocator with options, e.g. trace:stage1=uniform (default grpo)")
@@ -57,10 +62,14 @@ def rollout_spec(args: argparse.Namespace) -> RunSpec:
         policy_kwargs.setdefault("base_url", args.base_url)
     if args.policy != "sim":
         policy_kwargs.setdefault("model", args.model)
+    else:
+        policy_kwargs.setdefault("fast", False)  # token-level trees through the engine, not the simulator's fast path
     if args.policy == "hf" and args.threads:
         policy_kwargs.setdefault("num_threads", args.threads)
     policy_kwargs.update(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
-    env_kwargs = {"max_turns": args.max_turns} if args.max_turns else {}
+    env_kwargs = _kv(getattr(args, "env_arg", []), "--env-arg")
+    if args.max_turns:
+        env_kwargs["max_turns"] = args.max_turns
     return RunSpec(
         envs=[{"id": args.env, "kwargs": env_kwargs}], policy={"name": args.policy, "kwargs": policy_kwargs},
         allocator=args.allocator, predictor=args.predictor, advantage=args.advantage, seed=args.seed,
@@ -69,37 +78,59 @@ def rollout_spec(args: argparse.Namespace) -> RunSpec:
     )
 
 
+def check_model(spec: RunSpec) -> None:
+    """Resolve the model of a local backend (``hf``, ``vllm``) before anything heavy is loaded:
+    an alias is built on first use (``tiny``), a path that is not a directory or, offline, a
+    hub id that is not cached raises ``FileNotFoundError`` naming the aliases."""
+    model = spec.policy.kwargs.get("model")
+    if spec.policy.name in ("hf", "vllm") and isinstance(model, str):
+        from trace_gym.policies.models import resolve_model
+
+        resolve_model(model)
+
+
 def run_rollout(args: argparse.Namespace) -> int:
-    """``trace-gym rollout``: one :class:`~trace_gym.step.Step` of trees, written as JSONL."""
+    """``trace-gym rollout``: one :class:`~trace_gym.step.Step` of trees, written as JSONL.
+
+    Everything that can be wrong with the command line (env id and arguments, allocator and
+    its options, model, servers) is checked before the first trajectory, and raised: one
+    ``error:`` line, exit status 2 (:mod:`trace_gym.cli.errors`)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from trace_gym.registry import check_env, make
+    from trace_gym.rollout.preflight import check_servers
+    from trace_gym.run import resolve_run
     from trace_gym.step import Step, make_source
 
     console = Console(stderr=True)
     if args.threads:
         os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    try:
-        spec = rollout_spec(args)
-    except ValueError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False)
-        return 2
+    spec = rollout_spec(args)
+    for env in spec.envs:  # the env ids and their arguments, before anything is built
+        check_env(env.id, env.kwargs)
+    resolve_run(spec)  # the allocator's option values, the predictor
+    check_model(spec)
+    check_servers(spec.envs, spec.policy)
+    for env in spec.envs:  # what only building shows (a dataset that cannot load, a bad value)
+        make(env.id, **env.kwargs).close()
     status = 0
-    with Progress(TextColumn("[bold]rollout[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                  TimeElapsedColumn(), console=console, transient=False) as bar:
-        task_bar = bar.add_task("rollout", total=args.trajectories, info="")
-        done_before = [0]
+    progress = Progress(TextColumn("[bold]rollout[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                        TimeElapsedColumn(), console=console, transient=False)
+    task_bar = progress.add_task("rollout", total=args.trajectories, info="")
+    done_before = [0]
 
-        def on_wave(stats: dict[str, int]) -> None:
-            done = done_before[0] + stats["finished"] + stats["failed"]
-            bar.update(task_bar, completed=done, info=f"live {stats['live']}")
-            if stats["live"] == 0:
-                done_before[0] = done
+    def on_wave(stats: dict[str, int]) -> None:
+        done = done_before[0] + stats["finished"] + stats["failed"]
+        progress.update(task_bar, completed=done, info=f"live {stats['live']}")
+        if stats["live"] == 0:
+            done_before[0] = done
 
-        source = make_source(spec, progress=on_wave)
-        step = Step.from_spec(spec, source)
+    source = make_source(spec, progress=on_wave)
+    step = Step.from_spec(spec, source)
+    with progress:
         result = step.run(args.step)
-        forest, spend = result.forest, result.spend
+    forest, spend = result.forest, result.spend
     failures = list(getattr(source, "failures", []))
     if failures:
         # the forest keeps every node generated; the failed trajectories are spent budget without a reward
