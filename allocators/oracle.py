@@ -1,7 +1,9 @@
-"""``oracle``: TRACE's allocation with the exact success probabilities instead of a
-predictor, the ceiling of what a predictor can bring. It reads ``forest.oracle`` (filled
-by the ContrastLab simulator for every node) and works only where the environment knows
-V(H) exactly."""
+"""``oracle``: TRACE's allocation (its objective, its stages and options) with the exact
+success probabilities instead of a predictor: what a perfect predictor would bring to
+TRACE's rule. It is not a ceiling on the effective ratio (TRACE's stage 2 maximises mixed
+*subtrees*, not mixed prompts): ``oracle-er`` is. It reads ``forest.oracle`` (filled by the
+ContrastLab simulator for every node) and works only where the environment knows V(H)
+exactly."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ class OracleAllocator(TraceAllocator):
 
     name = "oracle"
     default_predictor: ClassVar[str | None] = None
+    reads_oracle: ClassVar[bool] = True
 
     def values(self, forest: Forest, nodes: np.ndarray, predictor: Any | None) -> np.ndarray:
         v = forest.oracle[nodes]

@@ -12,6 +12,7 @@ from trace_gym.allocation.budget import Budget
 from trace_gym.allocation.allocator import Allocator
 from trace_gym.allocators import register
 from trace_gym.forest.forest import Forest
+from trace_gym.predictors.base import histories_for
 
 
 @register("pcl")
@@ -30,7 +31,7 @@ class PCLAllocator(Allocator):
         if predictor is None:
             raise ValueError("allocator 'pcl' needs a predictor (its value model of the prompt)")
         roots = forest.root_nodes.astype(np.int64)
-        v = np.asarray(predictor.predict(forest.histories(roots)), dtype=np.float64)
+        v = np.asarray(predictor.predict(histories_for(forest, roots, predictor)), dtype=np.float64)
         forest.pred[roots] = v
         g = budget.group_size
         n = min(budget.trajectories // g, forest.n_trees)

@@ -43,6 +43,7 @@ Why these options, and what was tried and dropped: the README's "Design notes".
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from typing import Any, ClassVar
 
@@ -54,9 +55,12 @@ from trace_gym.allocation.allocator import Allocator
 from trace_gym.allocators import register
 from trace_gym.allocators.uniform import uniform_prefixes, uniform_roots
 from trace_gym.forest.forest import TERMINAL, Forest
+from trace_gym.predictors.base import histories_for
 from trace_gym.allocation.solvers import solve_prefixes, solve_roots
 
-STAGES = ("uniform", "active")
+STAGES1 = ("uniform", "active", "paper", "posterior")
+STAGES2 = ("none", "uniform", "active")
+STAGES = ("uniform", "active")  # the values both stages take
 
 
 def v_root_beta(mean: np.ndarray, concentration: np.ndarray, m_max: int) -> np.ndarray:
@@ -165,7 +169,12 @@ class TraceAllocator(Allocator):
     """TRACE (see the module docstring).
 
     Args:
-        stage1, stage2: ``"active"`` (predictor + greedy solver) or ``"uniform"``.
+        stage1: ``"active"`` (predictor + exact solver; under the predictor's uncertainty
+            when ``uncertainty`` is on), ``"paper"`` (active at the point estimate, the
+            paper's rule, whatever ``uncertainty`` says), ``"posterior"`` (active under the
+            predictive distribution) or ``"uniform"``.
+        stage2: ``"active"`` (predictor + greedy solver), ``"uniform"``, or ``"none"`` (no
+            branching: stage 1 spends the whole budget, as if ``root_fraction`` were 1).
         k_max: most continuations from one prefix in stage 2 (0: no cap).
         rounds: stage 2 spends its budget in this many equal rounds, re-planning after each
             with the outcomes seen so far (1: the paper's single greedy pass).
@@ -184,9 +193,9 @@ class TraceAllocator(Allocator):
     def __init__(self, stage1: str = "active", stage2: str = "active", k_max: int = 0, rounds: int = 1,
                  scope: str = "subtree", uncertainty: bool = True, seed: int = 0):
         super().__init__()
-        for label, stage in (("stage1", stage1), ("stage2", stage2)):
-            if stage not in STAGES:
-                raise ValueError(f"{label} must be one of {STAGES}, got {stage!r}")
+        for label, stage, allowed in (("stage1", stage1, STAGES1), ("stage2", stage2, STAGES2)):
+            if stage not in allowed:
+                raise ValueError(f"{label} must be one of {allowed}, got {stage!r}")
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
         if rounds < 1:
@@ -196,6 +205,8 @@ class TraceAllocator(Allocator):
         self.stage1, self.stage2, self.scope = stage1, stage2, scope
         self.k_max, self.rounds = int(k_max), int(rounds)
         self.uncertainty = bool(uncertainty)
+        if stage1 in ("paper", "posterior"):
+            self.stage1, self.uncertainty = "active", stage1 == "posterior"
         self._round = 0  # stage-2 rounds played in the current step
         self.rng = np.random.default_rng(seed)
 
@@ -204,7 +215,7 @@ class TraceAllocator(Allocator):
         ``forest.pred``."""
         if predictor is None:
             raise ValueError(f"allocator {self.name!r} with an active stage needs a predictor (e.g. make_predictor('hashed'))")
-        v = np.clip(np.asarray(predictor.predict(forest.histories(nodes)), dtype=np.float64), 0.0, 1.0)
+        v = np.clip(np.asarray(predictor.predict(histories_for(forest, nodes, predictor)), dtype=np.float64), 0.0, 1.0)
         forest.pred[nodes] = v
         return v
 
@@ -215,13 +226,15 @@ class TraceAllocator(Allocator):
         beta = getattr(predictor, "predict_beta", None) if self.uncertainty else None
         if beta is None:
             return self.values(forest, nodes, predictor), None
-        mean, conc = beta(forest.histories(nodes))
+        mean, conc = beta(histories_for(forest, nodes, predictor))
         mean = np.clip(np.asarray(mean, dtype=np.float64), 0.0, 1.0)
         forest.pred[nodes] = mean
         return mean, np.asarray(conc, dtype=np.float64)
 
     def plan_roots(self, forest: Forest, budget: Budget, predictor: Any | None) -> np.ndarray:
         self._round = 0
+        if self.stage2 == "none":
+            budget = dataclasses.replace(budget, root_fraction=1.0)
         if self.stage1 == "uniform":
             return uniform_roots(forest.n_trees, budget, self.rng)
         v, conc = self.beliefs(forest, forest.root_nodes.astype(np.int64), predictor)
@@ -230,6 +243,8 @@ class TraceAllocator(Allocator):
         return solve_roots_beta(v, conc, budget.root_trajectories, budget.min_per_prompt, budget.max_per_prompt or 0)
 
     def plan_prefixes(self, forest: Forest, budget: Budget, remaining: int, predictor: Any | None) -> list[tuple[int, int]]:
+        if self.stage2 == "none":
+            return []
         if self.stage2 == "uniform":
             return uniform_prefixes(forest, remaining, self.rng)
         rounds_left = max(1, self.rounds - self._round)
@@ -252,3 +267,21 @@ class TraceAllocator(Allocator):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]
+
+
+@register("trace-paper")
+class TracePaperAllocator(TraceAllocator):
+    """The paper's exact rule (PAPER.md sec. 3), kept by name beside the measured default
+    ``trace``: stage 1 at the predictor's point estimate (``V_root``), stage 2 over every
+    pure prefix (``scope="subtree"``), one greedy pass, the shared predictor alone (``hashed``
+    without per-prompt counts) and the tree-aware advantage ``V(y) - V(parent)`` unscaled.
+    Options as for ``trace``; its defaults are the paper's."""
+
+    name = "trace-paper"
+    default_predictor: ClassVar[str | None] = "hashed:counts=false"
+    advantage: ClassVar[str] = "trace"
+
+    def __init__(self, stage1: str = "paper", stage2: str = "active", k_max: int = 0, rounds: int = 1,
+                 scope: str = "subtree", uncertainty: bool = False, seed: int = 0):
+        super().__init__(stage1=stage1, stage2=stage2, k_max=k_max, rounds=rounds, scope=scope, uncertainty=uncertainty,
+                         seed=seed)

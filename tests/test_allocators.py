@@ -17,12 +17,17 @@ from trace_gym.allocators.uniform import uniform_prefixes
 from trace_gym.sim import ContrastLabSim, ContrastLabWorld
 from trace_gym.forest.forest import TERMINAL, Forest
 from trace_gym.allocation.solvers import solve_roots, v_root
+from trace_gym.allocators.greso import GRESOAllocator
+from trace_gym.allocators.vip import vip_counts
+from trace_gym.run import ComponentSpec
+from trace_gym.sim.bench import BenchConfig, run_bench
 
 SPECS = [
     ("grpo", {}), ("uniform", {}), ("trace", {}), ("trace", {"stage1": "uniform"}), ("trace", {"stage2": "uniform"}),
     ("trace", {"rounds": 3, "k_max": 2}), ("trace", {"scope": "tree"}), ("trace", {"uncertainty": False}), ("dapo", {}),
     ("pcl", {}), ("knapsack", {"n_max": 8}),
-    ("oracle", {}),
+    ("oracle", {}), ("oracle-er", {}), ("greso", {}), ("vip", {}), ("trace", {"stage2": "none"}),
+    ("trace", {"stage1": "paper", "scope": "tree"}), ("trace-paper", {}),
 ]
 
 
@@ -36,7 +41,10 @@ def _step(world, alloc, budget, predictor, pool=None, seed=0, sim=None):
 
 def _predictor_for(alloc):
     name = getattr(alloc, "default_predictor", None)
-    return trace_gym.make_predictor(name) if name else None
+    if not name:
+        return None
+    spec = ComponentSpec.model_validate(name)
+    return trace_gym.make_predictor(spec.name, **spec.kwargs)
 
 
 @settings(max_examples=40, deadline=None)
@@ -318,3 +326,95 @@ def test_trace_stage1_plans_on_the_predictive_distribution(world):
     v = f.oracle[f.root_nodes]
     bare = np.bincount(f.tree[f.traj_origin[f.parent[f.traj_origin] < 0]], minlength=world.n_tasks)
     assert np.array_equal(bare, solve_roots(v, budget.root_trajectories, 2)) and np.allclose(f.pred[f.root_nodes], v)
+
+
+# ----------------------------------------------------------------------------- stage options, the paper's rule
+
+
+def test_trace_stage_names_and_the_papers_rule(world):
+    budget = Budget(256, root_fraction=0.5)
+    # stage2="none": stage 1 spends the whole budget and nothing branches
+    forest, spend = _step(world, trace_gym.make_allocator("trace", stage2="none"), budget, trace_gym.make_predictor("hashed"))
+    assert spend.trajectories == 256 and spend.branches == 0 and spend.roots == 256
+    # stage1="paper" is the point-estimate rule whatever `uncertainty` says; "posterior" the Beta one
+    assert trace_gym.make_allocator("trace", stage1="paper").uncertainty is False
+    assert trace_gym.make_allocator("trace", stage1="posterior", uncertainty=False).uncertainty is True
+    plans = {}
+    for spec in ({"stage1": "paper"}, {"stage1": "active", "uncertainty": False}):
+        pred = trace_gym.make_predictor("hashed")
+        f = Forest()
+        add_candidates(f, world.candidates(np.arange(world.n_tasks)))
+        plans[str(spec)] = trace_gym.make_allocator("trace", **spec).plan_roots(f, budget, pred)
+    a, b = plans.values()
+    assert np.array_equal(a, b)
+    paper = trace_gym.make_allocator("trace-paper")
+    assert (paper.stage1, paper.uncertainty, paper.stage2, paper.scope, paper.rounds) == ("active", False, "active", "subtree", 1)
+    from trace_gym.run import defaults
+
+    pred, adv = defaults("trace-paper")
+    assert str(pred) == "hashed:counts=false" and str(adv) == "trace"
+    with pytest.raises(ValueError, match="stage2"):
+        trace_gym.make_allocator("trace", stage2="paper")
+
+
+# ----------------------------------------------------------------------------- competitors and the ratio ceiling
+
+
+def test_greso_skips_by_its_formula_and_adapts():
+    g = GRESOAllocator(p_easy=0.5, p_hard=0.8, target_zero_variance=0.3, delta_p=0.05)
+    g.streak = {"a": 2, "b": 1, "c": 0}
+    g.hard = {"a": False, "b": True}
+    assert np.allclose(g.skip_probability(["a", "b", "c", "new"]), [1 - 0.5**2, 1 - 0.8, 0.0, 0.0])
+    forest = Forest()
+    for t, rewards in (("a", [1, 1]), ("b", [0, 1]), ("c", [0, 0])):
+        root = forest.add_root(t, t)
+        for r in rewards:
+            forest.add_node(forest.start_trajectory(root), terminal=True, reward=float(r))
+    forest.backup()
+    g.observe(forest)
+    assert g.streak == {"a": 3, "b": 0, "c": 1} and g.hard["a"] is False and g.hard["c"] is True
+    # one easy and one hard zero-variance group of three: 1/3 > 0.3/3 easy and 1/3 > 0.2 hard, so both skip more
+    assert g.p_easy == pytest.approx(0.45) and g.p_hard == pytest.approx(0.75)
+    # with the filter certain to skip "a", the budget goes to the others first
+    g.streak, g.hard, g.p_easy = {"a": 50}, {"a": False}, 0.01
+    f = Forest()
+    for t in ("a", "b", "c"):
+        f.add_root(t, t)
+    counts = g.plan_roots(f, Budget(16, group_size=8), None)
+    assert counts.tolist() == [0, 8, 8] and g.skipped == 1
+
+
+def _brute_vip(p, budget, n_min, n_max):
+    best = np.inf
+    for n in itertools.product(range(n_min, n_max + 1), repeat=len(p)):
+        if sum(n) == budget:
+            best = min(best, sum(max(x * (1 - x), 1e-6) / (k - 1) for x, k in zip(p, n)))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_vip_counts_minimise_the_summed_variance(seed):
+    rng = np.random.default_rng(seed)
+    p = rng.random(4) * np.array([1, 1, 0.1, 1])
+    n_min, n_max = 2, 7
+    budget = int(rng.integers(4 * n_min, 4 * n_max + 1))
+    n = vip_counts(p, budget, n_min, n_max)
+    assert n.sum() == budget and n.min() >= n_min and n.max() <= n_max
+    got = sum(max(x * (1 - x), 1e-6) / (k - 1) for x, k in zip(p, n))
+    assert got == pytest.approx(_brute_vip(p, budget, n_min, n_max), rel=1e-12)
+    # prompts the predictor thinks settled get the minimum; the most uncertain get the most
+    q = np.array([0.5, 0.01, 0.99, 0.3])
+    n = vip_counts(q, 20)
+    assert n[1] == n[2] == 2 and n[0] == n.max()
+    with pytest.raises(ValueError, match="cannot give"):
+        vip_counts(q, 7)
+
+
+def test_oracle_er_tops_the_effective_ratio_at_equal_prompts():
+    cfg = BenchConfig(allocators=["grpo", "pcl", "trace", "trace:scope=tree", "oracle", "oracle-er", "greso", "vip"], steps=4,
+                      prompts=128, trajectories=256, tasks=512, seed=2, eval_prompts=32)
+    res = run_bench(cfg)["allocators"]
+    er = {k: r["effective_ratio"] for k, r in res.items()}
+    assert er["oracle-er"] == max(er.values()) and er["oracle-er"] > er["oracle"]
+    assert res["oracle-er"]["prompts"] == 256 // 8  # as many prompts as grpo samples
+    assert all(r["trajectories"] == 256 for r in res.values())

@@ -19,21 +19,30 @@ def test_bench_cli_writes_the_documented_json(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "trace:stage1=uniform" in out and "eff. ratio" in out
     data = json.loads(path.read_text())
-    assert set(data) == {"config", "allocators"}
+    assert set(data) == {"config", "evaluation", "allocators"}
     assert data["config"]["steps"] == 3 and data["config"]["trajectories"] == 64 and data["config"]["seed"] == 1
     assert list(data["allocators"]) == ["grpo", "trace", "trace:stage1=uniform", "oracle"]
     for name, figs in data["allocators"].items():
-        assert {"effective_ratio", "effective_sample_ratio", "trajectories", "tokens", "brier", "auc", "ms_per_step"} <= set(figs)
+        assert {"effective_ratio", "effective_sample_ratio", "trajectories", "tokens", "brier", "auc", "calibration",
+                "own_nodes", "ms_per_step"} <= set(figs)
         assert 0 <= figs["effective_ratio"] <= 1
         esr = figs["effective_sample_ratio"]
         # each row runs with its allocator's own advantage, and reports grpo's and trace's too
         assert 0 <= esr["trajectories"] <= 1 and 0 <= esr["tokens"] <= 1
         assert esr["advantage"] == ("grpo" if name == "grpo" else "trace")
-        assert set(figs["effective_sample_ratio_by_advantage"]) == {"grpo", "trace"}
+        assert set(figs["effective_sample_ratio_by_advantage"]) == {"grpo", "trace", "treerl", "tree_grpo"}
         assert len(figs["steps"]) == 3
         assert 0 < figs["trajectories"] <= 64 and figs["tokens"] > 0 and figs["ms_per_step"] >= 0
-    assert data["allocators"]["grpo"]["brier"] is None  # grpo predicts nothing
+    assert data["allocators"]["grpo"]["brier"] is None and data["allocators"]["grpo"]["calibration"] is None  # grpo predicts nothing
     assert 0 <= data["allocators"]["trace"]["brier"] <= 1 and 0 <= data["allocators"]["trace"]["auc"] <= 1
+    # one evaluation set for every row: the same histories, roots and prefixes apart, and the references beside them
+    cal = {k: data["allocators"][k]["calibration"] for k in ("trace", "trace:stage1=uniform", "oracle")}
+    assert len({(c["roots"]["n"], c["prefixes"]["n"]) for c in cal.values()}) == 1
+    assert cal["oracle"]["prefixes"]["brier_excess"] == 0.0
+    assert cal["oracle"]["prefixes"]["auc"] == data["evaluation"]["exact"]["prefixes"]["auc"]
+    refs = data["evaluation"]
+    assert refs["exact"]["prefixes"]["auc"] >= refs["bayes"]["prefixes"]["auc"] >= refs["regex"]["prefixes"]["auc"]
+    assert refs["regex"]["roots"] is None
 
 
 def test_bench_is_deterministic_and_equal_budget():
@@ -63,7 +72,8 @@ def test_bench_is_deterministic_and_equal_budget():
 ])
 def test_bench_cli_names_bad_input(argv, needle, capsys):
     assert main(["bench", "allocators", "--steps", "1", "--quiet", *argv]) == 2
-    assert needle in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert needle in captured.out + captured.err
 
 
 def test_component_spec_options():
@@ -77,11 +87,25 @@ def test_bench_predictor_choices_reach_the_allocators():
     cfg = BenchConfig(allocators=["knapsack", "knapsack:predictor=hashed", "pcl"], steps=4, prompts=16, trajectories=40, tasks=32,
                       predictor="hashed:counts=false")
     res = run_bench(cfg)["allocators"]
-    # --predictor replaces each allocator's own; an allocator's predictor= option wins over both
-    assert res["knapsack"]["predictor"] == "hashed:counts=false" and res["pcl"]["predictor"] == "hashed:counts=false"
+    # --predictor replaces each allocator's own, and the row says so; an allocator's predictor= option wins over both
+    assert list(res) == ["knapsack[pred=hashed:counts=false]", "knapsack:predictor=hashed", "pcl[pred=hashed:counts=false]"]
+    assert res["knapsack[pred=hashed:counts=false]"]["predictor"] == "hashed:counts=false"
+    assert res["pcl[pred=hashed:counts=false]"]["predictor"] == "hashed:counts=false"
     assert res["knapsack:predictor=hashed"]["predictor"] == "hashed"
-    assert res["knapsack"]["effective_ratio"] != res["knapsack:predictor=hashed"]["effective_ratio"] or \
-        res["knapsack"]["brier"] != res["knapsack:predictor=hashed"]["brier"]
+    a, b = res["knapsack[pred=hashed:counts=false]"], res["knapsack:predictor=hashed"]
+    assert a["effective_ratio"] != b["effective_ratio"] or a["brier"] != b["brier"]
+
+
+def test_row_labels_never_hide_an_override():
+    from trace_gym.run import row_label
+
+    assert row_label("trace") == "trace"
+    assert row_label("trace", predictor="beta") == "trace[pred=beta]"
+    assert row_label("trace", predictor="hashed") == "trace"  # trace's own predictor: the plain name is accurate
+    assert row_label("grpo", predictor="beta") == "grpo"  # grpo uses no predictor: nothing replaced
+    assert row_label("trace", advantage="grpo") == "trace[adv=grpo]"
+    assert row_label("trace:predictor=beta", predictor="hashed") == "trace:predictor=beta"  # the spec's own option wins
+    assert row_label("trace", predictor="beta", advantage="tree_grpo", base="TRACE") == "TRACE[pred=beta][adv=tree_grpo]"
 
 
 def test_difficulty_file_is_accepted(tmp_path):

@@ -1,4 +1,5 @@
-"""Checkpoints: atomic, pruned, every RNG restored, corrupt ones reported and skipped."""
+"""Checkpoints: atomic, pruned (never the newest good one), every RNG restored, corrupt ones
+reported and skipped, and all of them unreadable refused by name."""
 
 import random
 import warnings
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from trace_gym.trainers.checkpoint import CheckpointManager, CorruptCheckpointWarning, capture_rng, restore_rng
+from trace_gym.trainers.checkpoint import CheckpointError, CheckpointManager, CorruptCheckpointWarning, capture_rng, restore_rng
 
 
 def _state(step: int) -> dict:
@@ -78,3 +79,55 @@ def test_no_checkpoint_gives_none(tmp_path):
     assert CheckpointManager(tmp_path / "nothing").load_latest() is None
     with pytest.raises(ValueError):
         CheckpointManager(tmp_path, keep_last=0)
+
+
+def _damage(path, how: str) -> None:
+    target = path / ("manifest.json" if how == "manifest" else "trainer.pt")
+    data = bytearray(target.read_bytes())
+    if how == "flip":
+        data[len(data) // 2] ^= 0xFF
+    else:
+        data = data[: len(data) // 2]
+    target.write_bytes(bytes(data))
+
+
+def test_every_checkpoint_unreadable_is_refused_naming_each(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=3)
+    for s in (1, 2, 3):
+        mgr.save(s, _state(s))
+    _damage(mgr.path(1), "truncate")
+    _damage(mgr.path(2), "flip")
+    _damage(mgr.path(3), "manifest")
+    with pytest.raises(CheckpointError) as info:
+        mgr.load_latest()
+    msg = str(info.value)
+    assert "none of the 3 checkpoints" in msg
+    for s in (1, 2, 3):
+        assert str(mgr.path(s)) in msg
+    assert "unreadable manifest" in msg and "corrupt" in msg
+    assert mgr.steps() == [1, 2, 3]  # refusing removes nothing
+
+
+def test_pruning_never_removes_the_newest_good_checkpoint(tmp_path):
+    # Corrupt checkpoints of later steps (a run resumed from before them): the checkpoints the
+    # resumed run writes sort older than them, and must survive pruning all the same.
+    for s in (1, 7, 8):
+        CheckpointManager(tmp_path, keep_last=3).save(s, _state(s))
+    mgr = CheckpointManager(tmp_path, keep_last=2)
+    _damage(mgr.path(7), "flip")
+    _damage(mgr.path(8), "truncate")
+    with pytest.warns(CorruptCheckpointWarning):
+        assert mgr.load_latest()[0] == 1
+    mgr.save(2, _state(2))
+    assert mgr.steps() == [1, 2, 7, 8]
+    mgr.save(3, _state(3))
+    assert mgr.steps() == [2, 3, 7, 8]  # keep_last among the older ones; the later ones are left alone
+    with pytest.warns(CorruptCheckpointWarning) as caught:
+        step, state = mgr.load_latest()
+    assert sorted(str(w.message).split(" is corrupt")[0] for w in caught) == ["checkpoint of step 7", "checkpoint of step 8"]
+    assert step == 3 and state["trainer"]["cursor"] == 30
+    # the resumed run reaches step 7: its checkpoint replaces the corrupt one
+    mgr.save(7, _state(7))
+    assert mgr.steps() == [3, 7, 8]
+    with pytest.warns(CorruptCheckpointWarning, match="step 8"):
+        assert mgr.load_latest()[0] == 7

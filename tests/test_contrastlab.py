@@ -281,3 +281,125 @@ def test_default_difficulty_gives_grpo_a_minority_of_mixed_groups():
 def test_word_tokens_join_back():
     text = 'x <think>a, b</think>\n<tool_call>{"k": 1}</tool_call>'
     assert "".join(word_tokens(text)) == text
+
+
+# ----------------------------------------------------------------------------- honest cues and the evaluation set
+
+from trace_gym.sim.evaluation import bayes_values, evaluation_set, last_observation_score  # noqa: E402
+from trace_gym.sim.world import CAT_ERROR, CAT_NEUTRAL, CAT_PROGRESS  # noqa: E402
+
+
+def test_default_cue_flip_is_the_smallest_that_keeps_the_regex_at_most_075_auc():
+    """The documented rule for the default: the regex on the last observation scores at most
+    0.75 AUC on the default world, and 0.05 less flipping would score above it."""
+    regex = {}
+    for flip in (None, 0.15, 0.0):
+        kwargs = {} if flip is None else {"cue_flip": flip}
+        world = ContrastLabWorld(2048, n_test=0, seed=0, **kwargs)
+        regex[flip] = evaluation_set(world).references()["regex"]["prefixes"]["auc"]
+    assert ContrastLabWorld(8, n_test=0).cue_flip == 0.2
+    assert 0.6 < regex[None] <= 0.75 < regex[0.15]
+    assert regex[0.0] > 0.85  # exact cues: the answer is nearly in the last observation
+
+
+def test_observation_categories_follow_the_flip_and_noise_rates():
+    world = ContrastLabWorld(4, n_test=0, obs_noise=0.25, cue_flip=0.1, seed=0)
+    rng = np.random.default_rng(0)
+    n = 200_000
+    for on in (0, 1):
+        cat = world.observation_category(np.full(n, on), rng.random(n), rng.random(n))
+        rates = [np.mean(cat == c) for c in (CAT_PROGRESS, CAT_ERROR, CAT_NEUTRAL)]
+        assert np.allclose(rates, world.cue_likelihood()[:, on], atol=0.005)
+    assert last_observation_score("x\nprogress: step 1 of 3") == 1.0
+    assert last_observation_score("x\ntool error: step 1") == 0.0
+    assert last_observation_score("x\nthe tool returned a result") == 0.5
+
+
+def _posterior_by_enumeration(world, info, forest, node, answer_key):
+    """P(on track after ``node``) by enumerating the unobserved draws along its path: the
+    recoveries, and without the answer key also whether each choice was right."""
+    path = forest.path(node)
+    task = world.index_of(forest.task_ids[forest.tree[node]])
+    like = world.cue_likelihood()
+    choices = (None,) if answer_key else (0, 1)
+    num = den = 0.0
+    for combo in itertools.product(itertools.product(choices, (0, 1)), repeat=len(path)):
+        p, s = 1.0, 1
+        for k, (i, (c, u)) in enumerate(zip(path, combo)):
+            q = world.q[task, k + 1]
+            if answer_key:
+                c = int(info["correct"][i])
+            else:
+                p *= q if c else 1 - q
+            p *= world.recovery if u else 1 - world.recovery
+            s = int(c and (s or u))
+            if info["category"][i] != 3:  # no observation after the final turn
+                p *= like[info["category"][i], s]
+        num += p * s
+        den += p
+    return num / den
+
+
+def test_bayes_posteriors_are_calibrated_and_ordered():
+    world = ContrastLabWorld(64, n_test=0, turns=(2, 5), seed=4)
+    ev = evaluation_set(world, prompts=64, rollouts=20, seed=1)
+    forest = ev.forest
+    assert ev.bayes.shape == (len(forest),)
+    # calibration: V - posterior has mean 0 within any group that the history determines
+    depth = forest.depth[ev.prefixes]
+    last = np.array([last_observation_score(forest.text[i]) for i in ev.prefixes])
+    for post in (ev.bayes, ev.bayes_cues):
+        err = ev.truth[ev.prefixes] - post[ev.prefixes]
+        for d in np.unique(depth):
+            for c in (0.0, 0.5, 1.0):
+                sel = (depth == d) & (last == c)
+                if sel.sum() >= 200:
+                    tol = 0.02 + 4 * err[sel].std() / math.sqrt(sel.sum())
+                    assert abs(err[sel].mean()) < tol, (d, c, err[sel].mean())
+    # the answer key can only help; both beat the regex
+    refs = ev.references()
+    assert refs["bayes"]["prefixes"]["auc"] >= refs["bayes_cues"]["prefixes"]["auc"] - 1e-9
+    assert refs["bayes_cues"]["prefixes"]["auc"] > refs["regex"]["prefixes"]["auc"]
+    assert refs["exact"]["prefixes"]["auc"] >= refs["bayes"]["prefixes"]["auc"] - 1e-9
+
+
+def test_bayes_filter_equals_brute_force_posterior():
+    world = ContrastLabWorld(16, n_test=0, turns=(3, 4), seed=6)
+    forest = Forest()
+    add_candidates(forest, world.candidates(np.arange(16)))
+    sim = ContrastLabSim(world, seed=2)
+    sim.rollout(forest, np.repeat(forest.root_nodes.astype(np.int64), 6))
+    info = sim.node_info(forest)
+    inner = forest.branchable()
+    task = np.array([world.index_of(t) for t in forest.task_ids])[forest.tree]
+    for key in (True, False):
+        post = bayes_values(world, forest, info, answer_key=key)
+        for node in inner[:: max(1, inner.size // 40)]:
+            p_on = _posterior_by_enumeration(world, info, forest, int(node), key)
+            d = int(forest.depth[node])
+            expect = p_on * world.v_on[task[node], d] + (1 - p_on) * world.v_off[task[node], d]
+            assert post[node] == pytest.approx(expect, abs=1e-9)
+    # the info the fast path records agrees with what it wrote
+    leaves = forest.leaves()
+    assert np.array_equal(info["latent"][leaves], forest.reward[leaves].astype(np.int8))
+    for i in inner[:50]:
+        assert last_observation_score(forest.text[i]) == {CAT_PROGRESS: 1.0, CAT_ERROR: 0.0, CAT_NEUTRAL: 0.5}[int(info["category"][i])]
+
+
+def test_normalised_learning_steps_ignore_the_advantages_scale():
+    world = ContrastLabWorld(32, n_test=8, seed=1)
+    forest = Forest()
+    add_candidates(forest, world.candidates(np.arange(32)))
+    ContrastLabSim(world, seed=1).rollout(forest, np.repeat(forest.root_nodes.astype(np.int64), 8))
+    adv = forest.advantages("grpo")
+    skills = {}
+    for normalize in (True, False):
+        for scale in (1.0, 10.0):
+            w = world.copy()
+            w.reinforce(forest, scale * adv, lr=0.5, shared_lr=0.5, normalize=normalize)
+            skills[normalize, scale] = (w.skill.copy(), w.shared_skill)
+    assert np.allclose(skills[True, 1.0][0], skills[True, 10.0][0]) and skills[True, 1.0][1] == pytest.approx(skills[True, 10.0][1])
+    assert not np.allclose(skills[False, 1.0][0], skills[False, 10.0][0])
+    moved = skills[True, 1.0][0] - world.skill
+    touched = moved != 0
+    assert np.sqrt(np.mean(moved[touched] ** 2)) == pytest.approx(0.5)  # RMS lr over the tasks it touches

@@ -368,7 +368,7 @@ def test_play_end_of_input_and_errors(monkeypatch, capsys):
     assert main(["play", "trace_gym/MathCalc-v0", "--index", "1"]) == 0
     assert "unfinished" in capsys.readouterr().out
     assert main(["play", "trace_gym/MathCalk-v0"]) == 2
-    assert "did you mean" in capsys.readouterr().out
+    assert "did you mean" in capsys.readouterr().err  # errors go to stderr, one `error:` line
     assert main(["play", "trace_gym/MathCalc-v0", "--task-id", "nope"]) == 2
     assert main(["play", "trace_gym/GSM8K-v0", "--env-arg", f"data_files={DATA / 'gsm8k_test.jsonl'}", "--demo"]) == 0
     assert "reward 1" in capsys.readouterr().out

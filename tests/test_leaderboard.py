@@ -124,7 +124,7 @@ def test_training_track_records_accuracy_against_spend(runs):
 
 def test_ranking_follows_effective_sample_ratio(runs):
     group = rank(load_records([runs["a"]]))[0]
-    esr = [row.mean["effective_sample_ratio"] for row in group.rows]
+    esr = [row.mean["effective_sample_ratio/grpo"] for row in group.rows]  # ranked under one named estimator
     assert esr == sorted(esr, reverse=True)
     assert [row.rank for row in group.rows] == [1, 2, 3]
     md = (runs["a"] / "leaderboard.md").read_text()
@@ -138,7 +138,7 @@ def test_equal_scores_share_a_rank(runs, tmp_path):
     tied = []
     for line in lines:  # a hand-made tie, resealed: every allocator scores 0.5
         d = json.loads(line)
-        d["final"]["effective_sample_ratio"] = 0.5
+        d["final"]["effective_sample_ratio"] = d["final"]["effective_sample_ratio/grpo"] = 0.5
         d["digest"] = compute_digest(d)
         tied.append(json.dumps(d))
     (tmp_path / "records.jsonl").write_text("\n".join(tied) + "\n")
@@ -156,18 +156,21 @@ def test_html_is_self_contained_with_table_and_embedded_plots(runs):
         assert f"<td class='alloc'>{name}</td>" in page
 
 
-def test_resume_skips_finished_runs_and_drops_stale_ones(runs, tmp_path):
+def test_resume_skips_finished_runs_and_keeps_stale_ones(runs, tmp_path):
     shutil.copytree(runs["a"], tmp_path / "a")
     before = (tmp_path / "a" / "records.jsonl").read_text()
     suite = write_suite(tmp_path / "s.yaml", suite_dict("small-a", training=True))
     assert run_cli("run", suite, "--out", tmp_path / "a", "--no-progress") == 0
     assert (tmp_path / "a" / "records.jsonl").read_text() == before
     # the suite changed (one step more, no training track): every row is run again at the new
-    # budget, the old records go, and the leaderboard ranks the new ones only
+    # budget and the leaderboard ranks the new ones only; the old records are kept beside them
     suite = write_suite(tmp_path / "s.yaml", suite_dict("small-a", steps=STEPS + 1))
     assert run_cli("run", suite, "--out", tmp_path / "a", "--no-progress") == 0
     records = [lr.record for lr in load_records([tmp_path / "a"])]
     assert len(records) == len(ALLOCATORS) * 2 and {r.spent.trajectories for r in records} == {M * (STEPS + 1)}
+    earlier = (tmp_path / "a" / "records.earlier.jsonl").read_text().splitlines()
+    assert sorted(earlier) == sorted(before.splitlines())
+    assert "records.earlier.jsonl" in (tmp_path / "a" / "leaderboard.md").read_text()
     assert not (tmp_path / "a" / "accuracy_vs_budget.png").exists()
 
 

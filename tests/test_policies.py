@@ -1,6 +1,7 @@
 """Policy backends: the chat-template renderer, the ``hf`` backend on a real model
 (SmolLM2-135M-Instruct and tiny from-scratch models in local directories), model aliases,
-and the ``vllm`` backend where vLLM and CUDA exist."""
+and the ``hf`` backend in bf16 where CUDA exists. The ``vllm`` backend's tests are
+tests/test_vllm*.py (``make test-vllm``)."""
 
 from __future__ import annotations
 
@@ -297,7 +298,7 @@ def test_any_local_model_directory_loads_and_generates(tmp_path, arch):
     assert_matches_teacher_forcing(pol, [prompt, prompt, prompt[:-1]], gens)
 
 
-# ----------------------------------------------------------------------------- vllm
+# ----------------------------------------------------------------------------- CUDA (the vllm backend: tests/test_vllm*.py)
 
 
 def _cuda() -> bool:
@@ -337,44 +338,3 @@ def test_hf_backend_on_cuda_in_bf16_drives_the_engine(tmp_path):
     assert spend.trajectories == 16 and check_exact_prefixes(forest, spy) == spend.branches > 0
     check_replay("trace_gym/ContrastLab-v0", {"seed": 0}, forest)
     check_accounting(forest, spy)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not _cuda(), reason="the vllm backend needs a CUDA GPU")
-def test_vllm_generates_from_token_prompts_with_prefix_caching_and_drives_the_engine(tmp_path):
-    pytest.importorskip("vllm", reason="vllm is not installed (extra 'vllm')")
-    import trace_gym
-    from trace_gym.allocation.budget import Budget
-    from trace_gym.forest.forest import Forest
-    from trace_gym.rollout.engine import RolloutEngine
-
-    from rollout_checks import Recording, check_exact_prefixes, check_replay
-
-    build_tiny_model(tmp_path, "llama", hidden=256, heads=4)  # head size 64: one every attention backend supports
-    pol = make_policy("vllm", model=str(tmp_path), gpu_memory_utilization=0.3, enforce_eager=True, max_model_len=4096)
-    try:
-        prompt = pol.render_prompt(MESSAGES, [TOOL])
-        gens = pol.generate([prompt] * 4, SamplingParams(max_new_tokens=16, seed=0))
-        assert all(1 <= len(g.token_ids) <= 16 and len(g.logprobs) == len(g.token_ids) for g in gens)
-        assert all(g.finish_reason == "length" or g.token_ids[-1] in pol.stop_ids for g in gens)
-        assert all(lp <= 0.0 for g in gens for lp in g.logprobs)
-        nxt = [prompt + g.token_ids + pol.render_observation("5", closed=g.finish_reason == "stop") for g in gens]
-        gens2 = pol.generate(nxt, SamplingParams(max_new_tokens=8, seed=1))
-        assert sum(g.info["reused_prefix_tokens"] for g in gens2) > 0  # automatic prefix caching
-
-        env_kwargs = {"seed": 0, "max_turns": 2}
-        env = trace_gym.make("trace_gym/MathCalc-v0", **env_kwargs)
-        spy = Recording(pol)
-        engine = RolloutEngine(env, spy, SamplingParams(max_new_tokens=16, seed=0))
-        forest = Forest()
-        engine.add_roots(forest, [env.tasks().get(i) for i in range(2)])
-        spend = engine.step(forest, "uniform", Budget(trajectories=8, root_fraction=0.5, min_per_prompt=2))
-        assert spend.branches == 4 and check_exact_prefixes(forest, spy) == 4
-        check_replay("trace_gym/MathCalc-v0", env_kwargs, forest)
-        assert forest.counters["reused_prefix_tokens"] > 0
-
-        pol.load_weights(str(tmp_path))  # weight sync from a directory (same weights)
-        again = pol.generate([prompt], SamplingParams(max_new_tokens=4, seed=0))
-        assert len(again[0].token_ids) >= 1
-    finally:
-        pol.close()

@@ -74,11 +74,69 @@ def test_beta_posterior_by_hand():
     assert clone.predict([a, b]).tolist() == beta.predict([a, b]).tolist()
 
 
+def test_beta_predictive_distribution_by_hand():
+    beta = trace_gym.make_predictor("beta", prior_strength=2.0)
+    a, inner = History("t/a", "prompt a"), History("t/a", "prompt a", steps=("x",))
+    beta.update([a], np.array([1.0]), np.array([3.0]))  # 3 successes; population mean 1
+    mean, conc = beta.predict_beta([a, inner])
+    # prior Beta(2 * 1, 0) + 3 successes: a = 5, b = 0
+    assert mean.tolist() == pytest.approx([1.0, 1.0]) and conc[0] == pytest.approx(5.0) and np.isinf(conc[1])
+    assert beta.predict([a]).tolist() == mean[:1].tolist()
+
+
 def test_oracle_predictor_reads_exact_values():
     oracle = trace_gym.make_predictor("oracle")
     assert oracle.predict([History("t", "p", oracle=0.3)]).tolist() == [0.3]
     with pytest.raises(ValueError, match="only the ContrastLab simulator"):
         oracle.predict([History("t", "p")])
+
+
+def test_histories_carry_true_values_only_for_oracle_components():
+    from trace_gym.predictors.base import histories_for
+
+    world = ContrastLabWorld(16, n_test=0, seed=0)
+    f = Forest()
+    add_candidates(f, world.candidates(np.arange(16)))
+    ContrastLabSim(world, seed=0).rollout(f, np.repeat(f.root_nodes.astype(np.int64), 2))
+    nodes = np.arange(len(f))
+    assert np.isfinite(f.oracle).all()  # the env knows every value ...
+    assert all(np.isnan(h.oracle) for h in f.histories(nodes))  # ... and a history does not show it
+    assert all(np.isnan(h.oracle) for h in histories_for(f, nodes, trace_gym.make_predictor("hashed")))
+    oracle = trace_gym.make_predictor("oracle")
+    shown = histories_for(f, nodes, oracle)
+    assert [h.oracle for h in shown] == f.oracle.tolist()
+    assert oracle.predict(shown).tolist() == f.oracle.tolist()
+    with pytest.raises(ValueError, match="oracle=True"):
+        oracle.predict(f.histories(nodes[:3]))
+    # an oracle predictor still works as a run's predictor: the step asks for the values
+    from trace_gym.sim.bench import BenchConfig, run_bench
+
+    res = run_bench(BenchConfig(allocators=["trace"], predictor="oracle", steps=2, prompts=16, trajectories=32, tasks=32,
+                                eval_prompts=8))["allocators"]
+    assert res["trace[pred=oracle]"]["calibration"]["prefixes"]["brier_excess"] == pytest.approx(0.0)
+
+
+def test_blanking_true_values_changes_nothing(monkeypatch):
+    """No non-oracle predictor or allocator reads a true value: the same runs with histories
+    that carry them give the same figures, to the last digit."""
+    from trace_gym.sim.bench import BenchConfig, run_bench
+
+    cfg = BenchConfig(allocators=["trace", "trace-paper", "pcl", "knapsack", "vip", "greso",
+                                  "trace:stage1=posterior:predictor=beta"], steps=5, prompts=64, trajectories=128,
+                      tasks=128, seed=1, eval_prompts=16)
+    blanked = run_bench(cfg)["allocators"]
+    original = Forest.history
+    monkeypatch.setattr(Forest, "history", lambda self, node, *, oracle=False: original(self, node, oracle=True))
+    f = Forest()
+    f.add_root("t", "p", oracle=0.25)
+    assert f.histories([0])[0].oracle == 0.25  # the patch is in force: every history shows its value
+    shown = run_bench(cfg)["allocators"]
+    assert list(shown) == list(blanked)
+    for name in blanked:
+        a, b = dict(blanked[name]), dict(shown[name])
+        for k in ("ms_per_step", "predictor_update_ms"):
+            a.pop(k), b.pop(k)
+        assert a == b, name
 
 
 # ----------------------------------------------------------------------------- hashed learns

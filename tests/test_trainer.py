@@ -1,6 +1,9 @@
 """The RL trainer end to end on CPU: a run killed with SIGKILL mid-step and resumed (after its
 newest checkpoint was damaged) produces exactly the metrics of an uninterrupted run; bad
-configs name their key; `trace-gym eval` reports mean@k and pass@k.
+configs name their key; `trace-gym eval` reports mean@k and pass@k. Reliability: a run whose
+checkpoints are all unreadable is refused by name, metrics history is never deleted, the
+fingerprint covers the step count where the schedule depends on it, and NaN behaviour
+log-probs under importance-sampling correction stop the update with the backend's name.
 
 The policy is a real (micro) Qwen3 model of the tiny preset, warm-started by SFT on
 ContrastLab demonstrations of one-step tasks with two options, so its rewards are mixed from
@@ -9,6 +12,7 @@ cached in a shared temporary cache, so only the first test session pays for them
 """
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -37,8 +41,9 @@ MICRO = {
     },
     "sft": {"envs": [{"id": "trace_gym/ContrastLab-v0", "kwargs": {"n_options": 2, "turns": [1, 1], "n_tasks": 256, "n_test": 64}}],
             "tasks": 320, "epochs": 3, "lr": 5e-3, "batch_size": 16, "strip_thoughts": True},
-    "rollout": {"prompts_per_step": 8, "max_new_tokens": 12},
-    "allocator": {"name": "trace", "trajectories": 16},
+    "rollout": {"max_new_tokens": 12},
+    "allocator": {"name": "trace"},
+    "budget": {"trajectories": 16, "prompts": 8},
     "predictor": {"name": "hashed"},
     "optim": {"lr": 5e-4},
     "eval": {"every": 2, "tasks": 8, "k": 2},
@@ -179,3 +184,147 @@ def test_eval_reports_mean_and_pass_at_k(reference, tmp_path, capsys, monkeypatc
     assert r["tasks"] == 8 and r["episodes"] == 32 and r["k"] == 4
     assert 0.0 <= r["mean@k"] <= r["pass@k"] <= 1.0
     assert "mean@k" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- reliability
+
+SIM = {
+    "seed": 1, "steps": 3,
+    "envs": [{"id": "trace_gym/ContrastLab-v0", "kwargs": {"n_tasks": 64, "n_test": 16}}],
+    "model": {"name": "sim"}, "sft": {"enabled": False}, "allocator": "trace", "budget": {"trajectories": 16, "prompts": 8},
+    "checkpoint": {"every": 1, "keep_last": 2}, "log": {"tensorboard": False, "progress": False},
+}
+
+
+def _sim_config(tmp_path: Path, **changes):
+    from trace_gym.trainers.config import RLConfig
+
+    cfg = json.loads(json.dumps(SIM))
+    cfg["output_dir"] = str(tmp_path / "run")
+    cfg.update(changes)
+    return RLConfig.model_validate(cfg)
+
+
+def _quiet(msg: str) -> None:
+    pass
+
+
+def _lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def test_resume_refuses_when_every_checkpoint_is_unreadable(tmp_path, capsys):
+    from trace_gym.cli.main import main
+    from trace_gym.trainers.checkpoint import CheckpointError
+    from trace_gym.trainers.rl import RLTrainer
+
+    cfg = _sim_config(tmp_path)
+    RLTrainer(cfg, log=_quiet).train()
+    run = Path(cfg.output_dir)
+    ckpts = sorted((run / "checkpoints").glob("step-*"))
+    assert [c.name for c in ckpts] == ["step-00000002", "step-00000003"]
+    for c in ckpts:
+        data = bytearray((c / "trainer.pt").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (c / "trainer.pt").write_bytes(bytes(data))
+    metrics = (run / "metrics.jsonl").read_bytes()
+    with pytest.raises(CheckpointError) as info:
+        RLTrainer(cfg, resume=True, log=_quiet)
+    for c in ckpts:
+        assert str(c) in str(info.value)
+    # nothing was touched: no history lost, no checkpoint written or pruned
+    assert (run / "metrics.jsonl").read_bytes() == metrics and not (run / "metrics.replaced.jsonl").exists()
+    assert sorted((run / "checkpoints").glob("step-*")) == ckpts
+    # the command line says why and exits 2
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    assert main(["train", "--config", str(config), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "none of the 2 checkpoints" in err and str(ckpts[0]) in err
+    assert (run / "metrics.jsonl").read_bytes() == metrics
+
+
+def test_metrics_history_is_never_deleted(tmp_path):
+    import shutil
+
+    from trace_gym.trainers.rl import RLTrainer
+
+    cfg = _sim_config(tmp_path)
+    RLTrainer(cfg, log=_quiet).train()
+    run = Path(cfg.output_dir)
+    written = _lines(run / "metrics.jsonl")
+    assert [json.loads(line)["step"] for line in written] == [1, 2, 3]
+
+    def kept() -> list[str]:
+        return _lines(run / "metrics.replaced.jsonl") + _lines(run / "metrics.jsonl")
+
+    # resumed from an earlier checkpoint: the record of step 3 moves aside, then is written again
+    shutil.rmtree(run / "checkpoints" / "step-00000003")
+    RLTrainer(cfg, resume=True, log=_quiet).train()
+    assert [json.loads(line)["step"] for line in _lines(run / "metrics.replaced.jsonl")] == [3]
+    assert [json.loads(line)["step"] for line in _lines(run / "metrics.jsonl")] == [1, 2, 3]
+    assert all(line in kept() for line in written)
+    written = kept()
+    # no checkpoint at all (a run killed before its first one): --resume starts again, keeping the records
+    shutil.rmtree(run / "checkpoints")
+    RLTrainer(cfg, resume=True, log=_quiet).train()
+    assert all(line in kept() for line in written)
+    written = kept()
+    # and so does a fresh run into the same directory
+    shutil.rmtree(run / "checkpoints")
+    RLTrainer(cfg, log=_quiet).train()
+    assert all(line in kept() for line in written)
+    assert [json.loads(line)["step"] for line in _lines(run / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_fingerprint_covers_steps_when_the_schedule_depends_on_it(tmp_path):
+    from trace_gym.trainers.config import RLConfig
+    from trace_gym.trainers.rl import RLTrainer
+
+    def fp(steps: int, schedule: str) -> str:
+        return RLConfig.model_validate({"steps": steps, "optim": {"schedule": schedule}}).fingerprint()
+
+    assert fp(10, "cosine") != fp(20, "cosine")
+    assert fp(10, "constant") == fp(20, "constant")  # a constant-rate run can be extended
+    assert RLConfig.model_validate({"loss": {"packing": "trajectory"}}).fingerprint() != RLConfig().fingerprint()
+
+    cfg = _sim_config(tmp_path, steps=2, optim={"schedule": "cosine"})
+    RLTrainer(cfg, log=_quiet).train()
+    longer = cfg.model_copy(update={"steps": 4})
+    with pytest.raises(ValueError, match="another config"):
+        RLTrainer(longer, resume=True, log=_quiet)
+    constant = _sim_config(tmp_path / "c", steps=2)
+    RLTrainer(constant, log=_quiet).train()
+    records = RLTrainer(constant.model_copy(update={"steps": 4}), resume=True, log=_quiet).train()
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+
+
+def test_nan_behaviour_logprobs_with_is_correction_name_the_backend(tmp_path, monkeypatch):
+    from trace_gym.trainers.config import RLConfig
+    from trace_gym.trainers.rl import RLTrainer
+
+    monkeypatch.setenv("TRACE_GYM_CACHE", str(CACHE))
+    cfg = RLConfig.model_validate({
+        "seed": 0, "steps": 2, "output_dir": str(tmp_path / "run"), "envs": MICRO["envs"],
+        "model": {"name": "tiny", "tiny": MICRO["model"]["tiny"]}, "sft": {"enabled": False}, "rollout": {"max_new_tokens": 6},
+        "allocator": "grpo", "budget": {"trajectories": 4, "prompts": 2, "group_size": 2},
+        "loss": {"is_correction": True, "skip_zero_advantage": False}, "log": {"tensorboard": False, "progress": False}})
+    trainer = RLTrainer(cfg, log=_quiet)
+    generate = trainer.policy.generate
+
+    def without_end_logprob(prompts, params):
+        """A backend that reports no log-prob for the end token it appends (as vLLM's and servers' may)."""
+        gens = generate(prompts, params)
+        for g in gens:
+            g.logprobs = list(g.logprobs[:-1]) + [float("nan")]
+        return gens
+
+    trainer.policy.generate = without_end_logprob
+    with pytest.raises(ValueError, match="backend 'hf' returned no behaviour log-prob") as info:
+        trainer.step()
+    assert "loss.is_correction" in str(info.value)
+    # without the correction the same rollouts train: the NaNs never reach the loss
+    trainer.cfg.loss.is_correction = False
+    record = trainer.step()
+    assert record["update/trained_tokens"] > 0
+    assert all(math.isfinite(record[k]) for k in ("update/loss", "update/grad_norm", "update/behaviour_logp_gap"))

@@ -313,27 +313,129 @@ def load_plugins(*, strict: bool = True, fresh: bool = True) -> list[str]:
     return added
 
 
+_MAKE_KWARGS = frozenset({"max_episode_steps", "autoreset", "apply_api_compatibility", "disable_env_checker",
+                          "order_enforce"})
+"""Keyword arguments :func:`gymnasium.make` takes for itself (not passed to the env)."""
+
+
+def full_env_id(id: str) -> str:
+    """The registered id ``id`` names: ``"MathCalc-v0"`` is short for ``"trace_gym/MathCalc-v0"``
+    (used when no env is registered under the short id itself); other ids are returned unchanged."""
+    id = id.strip()
+    if not _plugins_loaded:
+        load_plugins(strict=False, fresh=False)
+    if id in gymnasium.registry or "/" in id:
+        return id
+    full = f"{ENV_NAMESPACE}/{id}"
+    return full if full in gymnasium.registry else id
+
+
+def env_parameters(id: str) -> tuple[list[str], bool] | None:
+    """``(keyword parameters, open-ended)`` of the constructor of env ``id`` (its entry point is
+    imported): the constructor's own keyword parameters, plus, where it takes ``**kwargs``, those
+    of the base classes it may pass them on to; ``open-ended`` is whether it takes ``**kwargs``.
+    ``None`` when the signature cannot be read."""
+    import inspect
+
+    from gymnasium.envs.registration import load_env_creator
+
+    spec = gymnasium.registry[full_env_id(id)]
+    try:
+        creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+        params = list(inspect.signature(creator).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in params)
+    if open_ended and isinstance(creator, type):
+        for base in creator.__mro__[1:]:
+            init = base.__dict__.get("__init__")
+            if init is None or base is object or base.__module__.startswith("gymnasium"):
+                continue
+            try:
+                more = list(inspect.signature(init).parameters.values())[1:]
+            except (TypeError, ValueError):
+                break
+            names += [p.name for p in more if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names]
+            if not any(p.kind is p.VAR_KEYWORD for p in more):
+                break
+    return names, open_ended
+
+
+def _bad_argument(id: str, key: str, names: list[str], open_ended: bool) -> ValueError:
+    close = difflib.get_close_matches(key, names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ValueError(f"environment {id!r} takes no argument {key!r}{hint} (its arguments: {', '.join(names) or 'none'})")
+
+
+def check_env_kwargs(id: str, kwargs: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming a keyword argument env ``id``'s constructor does not take,
+    with the ones it does. A constructor with ``**kwargs`` is not checked here (:func:`make`
+    reports the ``TypeError`` it raises for an unknown argument the same way)."""
+    found = env_parameters(id)
+    if found is None or found[1]:
+        return
+    for key in kwargs:
+        if key not in _MAKE_KWARGS and key != "render_mode" and key not in found[0]:
+            raise _bad_argument(full_env_id(id), key, *found)
+
+
+def check_env(id: str, kwargs: dict[str, Any] | None = None) -> str:
+    """The full id of env ``id`` after checking, without building it, that it is registered
+    (:class:`UnknownNameError` with close ids otherwise) and that its constructor takes
+    ``kwargs`` (``ValueError``, see :func:`check_env_kwargs`)."""
+    if not _plugins_loaded:
+        load_plugins(strict=False, fresh=False)
+    full = full_env_id(id)
+    if full not in gymnasium.registry:
+        raise _unknown_env(full)
+    if kwargs:
+        check_env_kwargs(full, kwargs)
+    return full
+
+
+def _unknown_env(id: str) -> UnknownNameError:
+    ours = [k for k in gymnasium.registry if k.startswith(ENV_NAMESPACE + "/")] + sorted(_registered_ids)
+    candidates = list(dict.fromkeys(ours))
+    short = {k.split("/", 1)[1]: k for k in candidates if "/" in k}
+    close = difflib.get_close_matches(id, candidates, n=3) or \
+        [short[c] for c in difflib.get_close_matches(id.split("/")[-1], list(short), n=3)]
+    hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+    return UnknownNameError(f"unknown environment {id!r}{hint} (see `trace-gym list envs`)")
+
+
 def make(id: str, **kwargs: Any) -> gymnasium.Env:
-    """Build a registered environment (``trace_gym.make("trace_gym/MathCalc-v0", seed=0)``).
+    """Build a registered environment (``trace_gym.make("trace_gym/MathCalc-v0", seed=0)``;
+    ``"MathCalc-v0"`` is short for ``"trace_gym/MathCalc-v0"``).
 
     Unlike :func:`gymnasium.make` this returns the env unwrapped, so ``snapshot()`` and
     ``restore()`` are reachable directly; it suggests close ids on a typo
-    (:class:`UnknownNameError`), and an env from an entry point whose module fails to import
-    raises :class:`PluginError` naming that entry point. ``kwargs`` go to the env's
-    constructor.
+    (:class:`UnknownNameError`), an env from an entry point whose module fails to import
+    raises :class:`PluginError` naming that entry point, and a keyword argument the env's
+    constructor does not take raises ``ValueError`` listing the ones it does. ``kwargs`` go
+    to the env's constructor.
     """
     if not _plugins_loaded:
         load_plugins(strict=False, fresh=False)
+    id = full_env_id(id)
     if id not in gymnasium.registry:
-        ours = [k for k in gymnasium.registry if k.startswith(ENV_NAMESPACE + "/")] + sorted(_registered_ids)
-        close = difflib.get_close_matches(id, list(dict.fromkeys(ours)), n=3)
-        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise UnknownNameError(f"unknown environment {id!r}{hint} (see `trace-gym envs`)")
+        raise _unknown_env(id)
     ep = _env_entry_points.get(id)
     if ep is not None and gymnasium.registry[id].entry_point == ep.value:
         load_entry_point(ep, ENV_GROUP, f"environment {id!r}")
+    if kwargs:
+        check_env_kwargs(id, kwargs)
     kwargs.setdefault("disable_env_checker", True)
-    return gymnasium.make(id, **kwargs).unwrapped
+    try:
+        return gymnasium.make(id, **kwargs).unwrapped
+    except TypeError as exc:
+        import re
+
+        m = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+        found = env_parameters(id) if m and m.group(1) in kwargs else None
+        if m is None or found is None:
+            raise
+        raise _bad_argument(id, m.group(1), *found) from exc
 
 
 def env_ids() -> list[str]:

@@ -43,7 +43,7 @@ from trace_gym.allocation.budget import Budget
 from trace_gym.allocation.allocator import Allocator, make_allocator
 from trace_gym.predictors.base import Predictor, make_predictor
 
-__all__ = ["BudgetSpec", "ComponentSpec", "EnvSpec", "Resolved", "RunSpec", "check_options", "env_id", "resolve"]
+__all__ = ["BudgetSpec", "ComponentSpec", "EnvSpec", "Resolved", "RunSpec", "check_options", "env_id", "resolve", "row_label"]
 
 ENV_NAMESPACE = "trace_gym"
 
@@ -249,6 +249,29 @@ def defaults(allocator: ComponentSpec | str) -> tuple[ComponentSpec | None, Comp
     adv = spec.kwargs.get("advantage", getattr(cls, "advantage", "grpo"))
     pred_spec = None if pred in (None, "none") else ComponentSpec.model_validate(pred)
     return pred_spec, ComponentSpec.model_validate(adv)
+
+
+def row_label(allocator: ComponentSpec | str, *, predictor: ComponentSpec | str | None = None,
+              advantage: ComponentSpec | str | None = None, base: str | None = None) -> str:
+    """The name a table gives a run of ``allocator`` under a run-wide ``predictor``/``advantage``
+    override: ``base`` (default ``str(allocator)``), followed by ``[pred=...]`` when the
+    override replaces the allocator's own predictor (as :func:`resolve` applies it) and by
+    ``[adv=...]`` when it replaces its own advantage. So a row never carries an allocator's
+    plain name (``trace``) while it runs with another predictor or advantage than that
+    name's."""
+    spec = ComponentSpec.model_validate(allocator)
+    label = str(spec) if base is None else base
+    own_pred, own_adv = defaults(spec)
+    if predictor is not None and "predictor" not in spec.kwargs:
+        override = ComponentSpec.model_validate(predictor)
+        applies = override.name == "none" or own_pred is not None
+        if applies and override != (own_pred or ComponentSpec(name="none")):
+            label += f"[pred={override}]"
+    if advantage is not None and "advantage" not in spec.kwargs:
+        override = ComponentSpec.model_validate(advantage)
+        if override != own_adv:
+            label += f"[adv={override}]"
+    return label
 
 
 def resolve(allocator: ComponentSpec | str, budget: BudgetSpec, *, predictor: ComponentSpec | str | None = None,

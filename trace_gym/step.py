@@ -208,7 +208,7 @@ def update_predictor(predictor: Any, forest: Forest) -> dict[str, Any]:
     nodes = np.flatnonzero(((forest.flags & TERMINAL) == 0) & (forest.n_leaves > 0))
     if nodes.size == 0:
         return {}
-    hist = forest.histories(nodes)
+    hist = forest.histories(nodes, oracle=bool(getattr(predictor, "reads_oracle", False)))  # true values: oracles only
     target = forest.value[nodes].astype(np.float64)
     weight = forest.n_leaves[nodes].astype(np.float64)
     before = np.clip(np.asarray(predictor.predict(hist), dtype=np.float64), 0.0, 1.0)

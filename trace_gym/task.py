@@ -48,14 +48,29 @@ def candidate_indices(seed: int, step: int, size: int, n: int) -> list[int]:
 
     if size < 1:
         raise ValueError("candidate_indices: the split holds no tasks")
+    import math
+
     out: list[int] = []
     start = step * n
     while len(out) < n:
         epoch, offset = divmod(start + len(out), size)
-        order = np.random.default_rng([int(seed), int(epoch), 0xCA9D]).permutation(size)
+        rng = np.random.default_rng([int(seed), int(epoch), 0xCA9D])
         take = min(n - len(out), size - offset)
-        out.extend(int(i) for i in order[offset:offset + take])
+        if size <= _MAX_MATERIALISED:
+            order = rng.permutation(size)
+            out.extend(int(i) for i in order[offset:offset + take])
+        else:  # procedural sources (10^9 tasks): an affine bijection of the split, never materialised
+            a = int(rng.integers(1, size))
+            while math.gcd(a, size) != 1:
+                a = int(rng.integers(1, size))
+            c = int(rng.integers(0, size))
+            out.extend((a * i + c) % size for i in range(offset, offset + take))
     return out
+
+
+_MAX_MATERIALISED = 1 << 22
+"""Splits up to this size are shuffled with a stored permutation; larger ones (procedural
+sources that report a huge bound) with an affine bijection ``i -> (a i + c) mod size``."""
 
 
 def split_counts(weights: "list[float]", total: int) -> list[int]:

@@ -8,7 +8,12 @@ fsync'ed, and only then is it renamed into place (an atomic rename on POSIX), so
 killed mid-write leaves the previous checkpoints intact and at worst a ``.tmp-*`` folder
 that the next save removes. On load, a checkpoint whose manifest is missing or whose files
 do not match it is reported (a :class:`CorruptCheckpointWarning`) and the previous one is
-used. The newest ``keep_last`` checkpoints are kept.
+used; when none of them reads back, :meth:`CheckpointManager.load_latest` refuses with a
+:class:`CheckpointError` naming every one (a run must not silently start over next to them).
+Pruning after a save keeps that checkpoint and the ``keep_last - 1`` newest older ones; it
+never touches checkpoints of later steps (left by a run that was resumed from an earlier
+one, e.g. because they are corrupt: a resumed run overwrites them as it reaches their steps),
+so the newest good checkpoint is never the one removed.
 
 Checkpoints are pickles written by this process: load only checkpoints you trust.
 """
@@ -34,6 +39,10 @@ _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 class CorruptCheckpointWarning(UserWarning):
     """A checkpoint could not be read and an older one was used instead."""
+
+
+class CheckpointError(ValueError):
+    """Checkpoints exist but none of them can be read; the message names each and why."""
 
 
 def capture_rng() -> dict[str, Any]:
@@ -126,7 +135,8 @@ class CheckpointManager:
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(self.directory)
-        for old in self.steps()[: -self.keep_last]:
+        older = [s for s in self.steps() if s < step]
+        for old in older[: max(0, len(older) - (self.keep_last - 1))]:
             shutil.rmtree(self.path(old), ignore_errors=True)
         return final
 
@@ -152,10 +162,20 @@ class CheckpointManager:
 
     def load_latest(self, map_location: str | torch.device = "cpu") -> tuple[int, dict[str, Any]] | None:
         """``(step, state)`` of the newest checkpoint that reads back intact; each newer
-        corrupt one is reported with a :class:`CorruptCheckpointWarning`. None if there is none."""
+        corrupt one is reported with a :class:`CorruptCheckpointWarning`. None if there is no
+        checkpoint; a :class:`CheckpointError` naming each one when none reads back."""
+        problems: list[tuple[int, str]] = []
         for step in reversed(self.steps()):
             try:
-                return step, self.load(step, map_location)
+                state = self.load(step, map_location)
             except Exception as exc:  # any failure to read it back means: fall back
-                warnings.warn(f"checkpoint of step {step} is corrupt, using an older one: {exc}", CorruptCheckpointWarning, stacklevel=2)
+                problems.append((step, f"{self.path(step)}: {exc}"))
+                continue
+            for bad, why in problems:
+                warnings.warn(f"checkpoint of step {bad} is corrupt, using an older one: {why}", CorruptCheckpointWarning, stacklevel=2)
+            return step, state
+        if problems:
+            listing = "\n  ".join(why for _, why in problems)
+            raise CheckpointError(f"none of the {len(problems)} checkpoints in {self.directory} can be read:\n  {listing}\n"
+                                  f"move them away to start the run again, or restore a good copy")
         return None

@@ -4,9 +4,19 @@
     trace-gym train --help-config                      # every config key, documented
     trace-gym eval --config configs/quick.yaml         # the run's latest checkpoint (or its SFT start)
     trace-gym eval --model smollm2-135m --env trace_gym/MathCalc-v0 --tasks 50 --k 4
+    trace-gym eval --config configs/quick.yaml rollout.backend=vllm   # through vLLM's engine
+
+Evaluation goes through the config's ``rollout.backend`` (``hf``, ``vllm``, ``openai``): the
+evaluated weights are loaded into it; ``openai`` servers that cannot take weights are
+evaluated with the weights they hold (a note says so).
 
 Both commands are entry points of the group ``trace_gym.commands`` (:func:`train_command`,
 :func:`eval_command`), the way any plug-in adds a ``trace-gym`` subcommand.
+
+Errors: a bad config, key, model, env or server is raised and reported by ``trace-gym`` as one
+``error: ...`` line with exit status 2 (:mod:`trace_gym.cli.errors`). ``train`` checks the
+run's servers (:func:`trace_gym.rollout.preflight.check_servers`) and model before the trainer
+is built, and a start that fails leaves no run folder behind that it created.
 """
 
 from __future__ import annotations
@@ -62,20 +72,55 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace):
-    from trace_gym.trainers.config import ConfigError, load_config
+    """The config of ``--config`` / ``--run`` with the overrides; a bad one raises
+    ``ConfigError`` (a ``ValueError``) naming the key."""
+    from trace_gym.cli.errors import UsageError
+    from trace_gym.trainers.config import load_config
 
     path = args.config
     run = getattr(args, "run", None)
     if run:
         if args.config:
-            print("error: give --config or --run, not both", file=sys.stderr)
-            return None
+            raise UsageError("give --config or --run, not both")
         path = str(Path(run) / "config.yaml")
+        if not Path(path).is_file():
+            raise UsageError(f"--run {run}: no config.yaml there (is it a run folder of `trace-gym train`?)")
+    return load_config(path, args.overrides)
+
+
+def preflight(cfg: Any) -> None:
+    """What can be checked before a trainer is built: every env is registered and takes its arguments, the
+    model resolves (``tiny``, an alias, a directory, or a cached hub id offline), and the
+    servers the run calls (retrieval, an OpenAI-compatible backend) answer. Raises the
+    error that says what is wrong (``ValueError``, ``FileNotFoundError``, ``ServerUnavailable``)."""
+    from trace_gym.registry import check_env
+    from trace_gym.rollout.preflight import check_servers
+
+    for env in cfg.envs:
+        check_env(env.id, env.kwargs)
+    if cfg.model.name not in ("tiny", "sim"):
+        from trace_gym.policies.models import resolve_model
+
+        resolve_model(cfg.model.name)
+    spec = cfg.run_spec()
+    check_servers(spec.envs, spec.policy)
+
+
+def _build_trainer(cfg: Any, **kwargs: Any) -> Any:
+    """``RLTrainer(cfg, **kwargs)``; when that fails, the output folder it created (it did not
+    exist before) is removed, so a failed start leaves nothing behind."""
+    import shutil
+
+    from trace_gym.trainers.rl import RLTrainer
+
+    out = Path(cfg.output_dir)
+    existed = out.exists()
     try:
-        return load_config(path, args.overrides)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return None
+        return RLTrainer(cfg, **kwargs)
+    except BaseException:
+        if not existed and out.is_dir():
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -86,15 +131,8 @@ def run_train(args: argparse.Namespace) -> int:
         print("\n".join(describe_fields()))
         return 0
     cfg = _load(args)
-    if cfg is None:
-        return 2
-    from trace_gym.trainers.rl import RLTrainer
-
-    try:
-        trainer = RLTrainer(cfg, resume=args.resume)
-    except (FileExistsError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    preflight(cfg)
+    trainer = _build_trainer(cfg, resume=args.resume)
     records = trainer.train()
     last = next((r for r in reversed(records) if "effective_ratio" in r), {})
     evals = {k: v for k, v in (records[-1] if records else {}).items() if k.startswith("eval/")}
@@ -106,6 +144,11 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_eval(args: argparse.Namespace) -> int:
     """``trace-gym eval``: held-out mean@k and pass@k per env."""
+    if args.model and args.model != "tiny":  # a bad model fails at once, before torch is imported
+        from trace_gym.policies.models import resolve_model
+
+        resolve_model(args.model)
+    cfg = _load(args)
     import torch
     from rich.console import Console
     from rich.table import Table
@@ -114,9 +157,6 @@ def run_eval(args: argparse.Namespace) -> int:
     from trace_gym.policies.base import SamplingParams
     from trace_gym.trainers.evaluate import evaluate_env, held_out_tasks
 
-    cfg = _load(args)
-    if cfg is None:
-        return 2
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
     if cfg.model.name == "sim" and not args.model:
@@ -133,6 +173,7 @@ def run_eval(args: argparse.Namespace) -> int:
         env = trace_gym.make(env_id if "/" in env_id else f"trace_gym/{env_id}", seed=cfg.seed, **env_kwargs.get(env_id, {}))
         tasks = held_out_tasks(env, args.tasks or cfg.eval.tasks, split=args.split or cfg.eval.split)
         results["envs"][env.env_id] = evaluate_env(policy, env, tasks, k, params)
+    policy.close()
     table = Table(title=f"held-out evaluation of {source} (k={k})")
     for col in ("env", "mean@k", "pass@k", "tool calls", "answered", "tasks"):
         table.add_column(col)
@@ -145,53 +186,48 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _eval_policy(args: argparse.Namespace, cfg: Any) -> tuple[str, Any]:
-    """The policy to evaluate and a description of where its weights came from."""
-    from trace_gym.policies.base import make_policy
+    """The policy to evaluate (through ``rollout.backend``) and a description of where its
+    weights came from."""
+    from trace_gym.trainers.backends import eval_policy
     from trace_gym.trainers.checkpoint import CheckpointManager
     from trace_gym.trainers.sft import resolve_base, warm_start
 
+    def build(model_dir: str, state: Any, label: str) -> tuple[str, Any]:
+        policy, note = eval_policy(cfg, model_dir, state, device=cfg.model.device)
+        if note:
+            print(f"note: {note}", file=sys.stderr)
+            label = f"the model served at {', '.join(cfg.rollout.servers)} (not {label})"
+        elif cfg.rollout.backend != "hf":
+            label += f" via {cfg.rollout.backend}"
+        return label, policy
+
     if args.model:
         path, _ = resolve_base(args.model, cfg.model.tiny)
-        return args.model, make_policy("hf", model=path, device=cfg.model.device)
+        return build(path, None, args.model)
     start, _ = resolve_base(cfg.model.name, cfg.model.tiny)
     if cfg.sft.enabled:
         start = str(warm_start(cfg.model.name, cfg.sft.sft(), tiny=cfg.model.tiny, threads=cfg.model.threads))
-    policy = make_policy("hf", model=start, device=cfg.model.device)
     if args.sft:
-        return f"{start} (SFT warm start)", policy
+        return build(start, None, f"{start} (SFT warm start)")
     ckpt = CheckpointManager(Path(cfg.output_dir) / "checkpoints")
     found = ckpt.load_latest()
     if found is None:
-        return f"{start} (no checkpoint in {cfg.output_dir})", policy
+        return build(start, None, f"{start} (no checkpoint in {cfg.output_dir})")
     step, state = found
-    if cfg.model.lora_rank > 0:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(policy.model, LoraConfig(r=cfg.model.lora_rank, lora_alpha=cfg.model.lora_alpha,
-                                                        target_modules=cfg.model.lora_targets, task_type="CAUSAL_LM"))
-        model.load_state_dict(state["model"])
-        policy.model = model.merge_and_unload()
-    else:
-        policy.model.load_state_dict(state["model"])
-    return f"{cfg.output_dir} step {step}", policy
+    return build(start, state["model"], f"{cfg.output_dir} step {step}")
 
 
 def _eval_sim(args: argparse.Namespace, cfg: Any) -> int:
     """ContrastLab's simulated policy lives in its env's world: evaluate it through the trainer
     (restored from the run's checkpoint when there is one)."""
     from trace_gym.trainers.checkpoint import CheckpointManager
-    from trace_gym.trainers.rl import RLTrainer
 
     if args.tasks:
         cfg.eval.tasks = args.tasks
     if args.k:
         cfg.eval.k = args.k
     resume = bool(CheckpointManager(Path(cfg.output_dir) / "checkpoints").steps())
-    try:
-        trainer = RLTrainer(cfg, resume=resume, log=lambda msg: print(msg, file=sys.stderr))
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    trainer = _build_trainer(cfg, resume=resume, log=lambda msg: print(msg, file=sys.stderr))
     results = {"model": f"sim ({cfg.output_dir} step {trainer.step_index})", "k": cfg.eval.k, "envs": trainer.evaluate()}
     print(json.dumps(results, indent=1))
     if args.json:

@@ -34,7 +34,7 @@ class ModelConfig(_Section):
     tiny: TinySpec = Field(default_factory=TinySpec, description="Architecture and tokenizer corpus of the tiny preset (used when name is 'tiny').")
     device: str | None = Field(None, description="'cpu', 'cuda', 'cuda:1'...; default CUDA when available.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass (saves memory; on CUDA mostly).")
-    bf16: bool = Field(True, description="bfloat16 autocast for the loss forward on CUDA (master weights stay fp32). Ignored on CPU.")
+    bf16: bool = Field(True, description="On CUDA: bfloat16 autocast for the loss forward (master weights stay fp32) and, with rollout.backend hf, rollouts from a bf16 copy of the weights synced after every update. Ignored on CPU.")
     threads: int | None = Field(None, ge=1, description="torch CPU threads (fix it for reproducible timings and results).")
     sim_lr: float = Field(1.0, gt=0, description="Learning rate of the simulated policy's REINFORCE update (name 'sim' only).")
     sim_shared_lr: float = Field(0.1, ge=0, description="Learning rate of its shared skill, which moves held-out tasks too (name 'sim' only).")
@@ -63,7 +63,18 @@ class RolloutSection(_Section):
     temperature: float = Field(1.0, ge=0, description="Sampling temperature (also used to recompute log-probs in the loss).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
     max_batch_size: int = Field(64, ge=1, description="Rows per generation forward pass.")
-    policy_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra arguments of the rollout backend (hf: share_prefix, kv_cache_tokens, max_batch_tokens ...).")
+    workers: int = Field(0, ge=0, description="Env workers: N >= 1 runs env steps (tools included) in N Ray actors (needs the 'ray' extra; joins the cluster of RAY_ADDRESS / `ray start`, else starts a local Ray); generation stays in the trainer. 0 (default): env steps in the trainer's process. Same results either way.")
+    backend: Literal["hf", "vllm", "openai"] = Field("hf", description="Engine of every rollout and evaluation: 'hf' (transformers in this process; it shares the trained module on CPU and uses a bf16 copy on CUDA), 'vllm' (vLLM's engine in this process, prefix caching, weights synced after every update), 'openai' (the OpenAI-compatible servers in `servers`, e.g. `vllm serve`; weights synced where the servers allow it, see trainers/backends.py). Non-hf backends turn loss.is_correction on unless it is set.")
+    servers: list[str] = Field(default_factory=list, description="backend 'openai': API roots of the servers (http://host:8000/v1), replicas of one model; each task's trajectories go to one server.")
+    policy_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra arguments of the rollout backend (hf: share_prefix, kv_cache_tokens, max_batch_tokens; vllm: dtype, enforce_eager, max_model_len, gpu_memory_utilization, block_size ...; openai: dialect, concurrency, timeout, weight_sync, sync_dir ...).")
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> "RolloutSection":
+        if self.backend == "openai" and not self.servers:
+            raise ValueError("backend 'openai' needs servers: the API roots of OpenAI-compatible servers, e.g. [http://127.0.0.1:8000/v1]")
+        if self.backend != "openai" and self.servers:
+            raise ValueError(f"servers are used by backend 'openai' only (backend is {self.backend!r})")
+        return self
 
 
 
@@ -79,6 +90,8 @@ class LossSection(_Section):
     ppo_epochs: int = Field(1, ge=1, description="Passes over each step's batch.")
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass (the batch is split into this many).")
     skip_zero_advantage: bool = Field(True, description="Leave trajectories whose policy tokens all have advantage 0 out of the forward pass (they add nothing to the loss when kl_coef is 0; they still count in the token-mean denominator).")
+    packing: Literal["tree", "trajectory"] = Field("tree", description="How the loss forward reaches the policy tokens: 'tree' packs each tree's tokens once (shared prefixes once) with an attention mask and position ids under which every token sees exactly its own root-to-node path (needs sdpa or eager attention); 'trajectory' runs one sequence per trajectory (shared prefixes once per branch). Both give the same loss and gradients up to float rounding.")
+    pack_tokens: int = Field(2048, ge=64, description="Longest packed row of 'tree' packing: trajectories are added to a row (with the ancestors it lacks) up to this many tokens; a larger tree is split into rows that each repeat the ancestors they need. A row's attention is dense over all its tokens.")
 
 
 class OptimSection(_Section):
@@ -148,14 +161,24 @@ class RLConfig(_Section):
 
     def run_spec(self) -> RunSpec:
         """The run this config trains: its envs, policy, allocator, predictor, advantage, budget and seed."""
-        policy = {"name": "sim"} if self.model.name == "sim" else {"name": "hf", "kwargs": {"model": self.model.name}}
+        if self.model.name == "sim":
+            policy: dict[str, Any] = {"name": "sim"}
+        elif self.rollout.backend == "openai":
+            policy = {"name": "openai", "kwargs": {"base_url": list(self.rollout.servers), "tokenizer": self.model.name}}
+        else:
+            policy = {"name": self.rollout.backend, "kwargs": {"model": self.model.name}}
         return RunSpec(envs=self.envs, policy=policy, allocator=self.allocator, predictor=self.predictor,
                        advantage=self.advantage, budget=self.budget, seed=self.seed)
 
     def fingerprint(self) -> str:
         """Hash of everything that shapes the training numbers (not the output directory,
-        the step count, evaluation, checkpointing or display): a resumed run must match it."""
-        data = self.model_dump(mode="json", exclude={"output_dir": True, "log": True, "steps": True, "eval": True, "checkpoint": True})
+        evaluation, checkpointing or display): a resumed run must match it. The step count is
+        in it when the learning rate depends on it (``optim.schedule: cosine``); with a
+        constant schedule a run can be resumed with more steps to extend it."""
+        exclude: dict[str, bool] = {"output_dir": True, "log": True, "eval": True, "checkpoint": True}
+        if self.optim.schedule != "cosine":
+            exclude["steps"] = True
+        data = self.model_dump(mode="json", exclude=exclude)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

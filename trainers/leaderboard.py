@@ -13,6 +13,7 @@ from trace_gym.leaderboard.runner import (
 )
 from trace_gym.leaderboard.sources import resolve_config_path
 from trace_gym.leaderboard.spec import AllocatorEntry, EnvEntry, SuiteError, TrackSpec
+from trace_gym.trainers.backends import BACKENDS
 
 
 @register_source("*")
@@ -169,10 +170,13 @@ def trainer_config(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
     """The :class:`~trace_gym.trainers.config.RLConfig` of one training-track run: the
     track's trainer config file and overrides, then everything the suite fixes so that every
     allocator of the track runs under the same budget (env, seed, steps, model, warm start,
-    sampling, budget, predictor, advantage, evaluation)."""
+    sampling, budget, predictor, advantage, evaluation). A track policy named ``hf``,
+    ``vllm`` or ``openai`` is the run's ``rollout.backend`` (its kwargs the backend's
+    options; ``base_url`` the openai servers)."""
     from trace_gym.trainers.config import RLConfig
 
-    data = base_trainer_config(track).model_dump(mode="json")
+    base = base_trainer_config(track)
+    data = base.model_dump(mode="json")
     spec = row_spec(track, env, alloc, seed)
     b, p, ev = track.budget, track.policy, track.eval
     data.update(seed=seed, steps=track.steps, output_dir=str(output_dir), envs=[{"id": env.id, "kwargs": dict(env.kwargs)}])
@@ -186,6 +190,19 @@ def trainer_config(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
     else:
         data["sft"]["enabled"] = False
     data["rollout"].update(max_new_tokens=p.max_new_tokens, temperature=p.temperature)
+    if p.name in BACKENDS:
+        # the track's policy backend is the run's rollout backend (trainers/backends.py); its
+        # kwargs are the backend's options, `base_url` the openai servers
+        kwargs = dict(p.kwargs)
+        for key in ("model", "tokenizer"):
+            kwargs.pop(key, None)
+        if "device" in kwargs:
+            data["model"]["device"] = kwargs.pop("device")
+        urls = kwargs.pop("base_url", None) if p.name == "openai" else None
+        data["rollout"].update(backend=p.name, servers=[urls] if isinstance(urls, str) else list(urls or []),
+                               policy_kwargs={**data["rollout"].get("policy_kwargs", {}), **kwargs})
+        if p.name != "hf" and "is_correction" not in base.loss.model_fields_set:
+            data["loss"]["is_correction"] = True  # what the trainer defaults to for this backend
     data["budget"] = b.model_dump(mode="json")
     data["allocator"] = spec.allocator.model_dump(mode="json")
     data["predictor"] = spec.predictor.model_dump(mode="json") if spec.predictor is not None else None

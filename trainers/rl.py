@@ -9,14 +9,20 @@ runs it:
    rolled out by the engine (sampling seeds a function of (seed, step), so a step replays
    exactly), backup, advantages under the run's estimator (the allocator's own unless
    ``advantage`` is set), metrics, and the predictor update (its calibration measured first).
-5. **Policy update.** Each trajectory becomes one token sequence (prompt, its ancestors'
-   turns, its own turns); only the tokens this trajectory generated carry loss (mask 1), so
-   every policy token of the forest is trained on exactly once. PPO-clip with clip-higher,
+5. **Policy update.** Every policy token of the forest carries loss exactly once, with its
+   node's advantage. ``loss.packing: tree`` (default) runs each tree's tokens forward once
+   (shared prefixes once) in packed rows whose attention mask and position ids give every
+   token exactly its own root-to-node context; ``trajectory`` runs one sequence per
+   trajectory (trainers/batching.py). PPO-clip with clip-higher,
    token-mean over the global batch (trainers/loss.py), AdamW with gradient accumulation
    over micro-batches, gradient clipping, bf16 autocast on CUDA.
-6. **Weight sync.** The ``hf`` policy shares the trained module, so its weights are
-   current after ``optimizer.step()`` (its KV store notices the change); another backend
-   receives the new weights through :meth:`~trace_gym.policies.base.Policy.load_weights`.
+6. **Weight sync** (``rollout.backend``, trainers/backends.py). The ``hf`` policy shares
+   the trained module on CPU, so its weights are current after ``optimizer.step()`` (its KV
+   store notices the change); on CUDA it generates with a bf16 copy that receives the fp32
+   master weights after each update. ``vllm`` (in-process engine) and ``openai`` (servers)
+   receive the full weights, or the LoRA adapter alone when training LoRA, after each
+   update; servers get the trained weights before their first rollout too. Non-hf
+   backends turn ``loss.is_correction`` on unless the config sets it.
 7. **Log and checkpoint.** One JSON line per step in ``metrics.jsonl`` (and TensorBoard);
    an atomic checkpoint (model, optimizer, scheduler, predictor, allocator, every RNG,
    data cursors, step, counters).
@@ -35,7 +41,6 @@ import os
 import random
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -59,21 +64,15 @@ from trace_gym.trainers.sft import lr_lambda, resolve_base, warm_start
 TIME_KEYS = ("time/",)  # metrics that measure wall time (differ between otherwise identical runs)
 
 
-@dataclass
-class TrainSequence:
-    """One trajectory as the loss sees it."""
-
-    ids: np.ndarray  # int64 [T]
-    mask: np.ndarray  # float32 [T]: 1 on the tokens this trajectory generated
-    adv: np.ndarray  # float32 [T]: the advantage of the node that owns each token
-    behaviour: np.ndarray  # float32 [T]: the engine's log-probs
-
-
 class MetricsLog:
-    """``metrics.jsonl`` (one record per step) plus TensorBoard when installed."""
+    """``metrics.jsonl`` (one record per step) plus TensorBoard when installed.
+
+    No record is ever deleted: records a resumed or restarted run writes again are moved, in
+    order, to ``metrics.replaced.jsonl`` (appended) before ``metrics.jsonl`` drops them."""
 
     def __init__(self, directory: Path, tensorboard: bool):
         self.path = directory / "metrics.jsonl"
+        self.replaced = directory / "metrics.replaced.jsonl"
         self.writer = None
         if tensorboard:
             try:
@@ -84,10 +83,19 @@ class MetricsLog:
                 self.writer = None
 
     def truncate(self, last_step: int) -> None:
-        """Drop records after ``last_step`` (a resumed run writes them again)."""
+        """Move records after ``last_step`` (a resumed run writes them again) to
+        ``metrics.replaced.jsonl``; a crash part-way leaves them in both files, never in neither."""
         if not self.path.exists():
             return
-        keep = [line for line in self.path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+        lines = [line for line in self.path.read_text().splitlines() if line.strip()]
+        keep = [line for line in lines if json.loads(line)["step"] <= last_step]
+        moved = [line for line in lines if json.loads(line)["step"] > last_step]
+        if not moved:
+            return
+        with open(self.replaced, "a") as f:
+            f.write("".join(line + "\n" for line in moved))
+            f.flush()
+            os.fsync(f.fileno())
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(line + "\n" for line in keep))
         os.replace(tmp, self.path)
@@ -121,7 +129,9 @@ class RLTrainer:
     """
 
     def __init__(self, config: RLConfig, *, resume: bool = False, log: Callable[[str], None] | None = None):
-        self.cfg = cfg = config
+        from trace_gym.trainers.backends import with_backend_defaults
+
+        self.cfg = cfg = with_backend_defaults(config)  # loss.is_correction on for non-hf backends unless set
         self.say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -137,8 +147,13 @@ class RLTrainer:
         # envs: one instance each (the engines restore snapshots into it)
         self.envs = [trace_gym.make(e.id, **{"seed": cfg.seed, **e.kwargs}) for e in cfg.envs]
 
-        # policy: the trained model, warm-started, shared with the hf rollout backend
+        # policy: the trained model, warm-started; rollouts go through rollout.backend
+        # (trainers/backends.py): the hf policy shares the trained module (a bf16 copy on CUDA),
+        # vllm and openai receive the weights after every update
         self.sim = cfg.model.name == "sim"
+        self._shares_weights = True  # the rollout policy generates with the trained module itself
+        self._synced_version: int | None = None  # param_version() of the weights the policy last received
+        self._syncs = 0
         self.device = torch.device("cpu")
         self.model: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -149,6 +164,9 @@ class RLTrainer:
             world = getattr(self.envs[0], "world", None)
             if world is None or len(self.envs) != 1:
                 raise ValueError("model.name 'sim' trains ContrastLab's simulated policy: use exactly one env, trace_gym/ContrastLab-v0")
+            if cfg.rollout.backend != "hf":
+                raise ValueError(f"model.name 'sim' rolls out ContrastLab's simulated policy itself: rollout.backend={cfg.rollout.backend} "
+                                 "does not apply (leave it at hf)")
             self.policy = make_policy("sim", world=world, seed=cfg.seed)
         else:
             self._build_model()
@@ -222,9 +240,23 @@ class RLTrainer:
                                                      lora_dropout=cfg.model.lora_dropout, target_modules=cfg.model.lora_targets,
                                                      task_type="CAUSAL_LM"))
         self.model = model
-        gen_model = model.get_base_model() if cfg.model.lora_rank > 0 else model  # LoRA layers live inside it
-        self.policy = make_policy("hf", model=gen_model, tokenizer=self.tokenizer, max_batch_size=cfg.rollout.max_batch_size,
-                                  **cfg.rollout.policy_kwargs)
+        from trace_gym.trainers.backends import bf16_copy_wanted, build_policy, check_trainable, load_bf16_copy, param_version
+
+        r = cfg.rollout
+        if r.backend == "hf" and not bf16_copy_wanted(cfg, self.device):
+            gen_model = model.get_base_model() if cfg.model.lora_rank > 0 else model  # LoRA layers live inside it
+            self.policy = build_policy(r, path, tokenizer=self.tokenizer, model=gen_model)
+        else:
+            # a bf16 copy (hf on CUDA), vLLM's engine or servers: they start from `path` and
+            # receive the trained weights after every update (_sync_weights)
+            self._shares_weights = False
+            gen_model = load_bf16_copy(path, self.device) if r.backend == "hf" else None
+            self.policy = build_policy(r, path, tokenizer=self.tokenizer, model=gen_model, lora_rank=cfg.model.lora_rank)
+            if cfg.update_policy:
+                check_trainable(self.policy, lora=cfg.model.lora_rank > 0)
+            # a local copy or engine holds `path`'s weights already; servers hold unknown ones
+            # until the first sync (at the first step or evaluation)
+            self._synced_version = None if r.backend == "openai" else param_version(model)
         params = [p for p in model.parameters() if p.requires_grad]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2))
@@ -290,105 +322,101 @@ class RLTrainer:
     # ------------------------------------------------------------------ 1-2: candidates and rollouts
 
     def _clear_policy_cache(self) -> None:
-        # A KV prefix cache carried over from other calls (evaluation) would make this step's
-        # numerics depend on them; a resumed run must see exactly what the original saw.
-        store = getattr(self.policy, "store", None)
-        if store is not None and hasattr(store, "clear"):
-            store.clear()
+        # The rollout policy first gets any weights it lacks (a resumed run's, a server's
+        # first sync). A KV prefix cache carried over from other calls (evaluation) would make
+        # this step's numerics depend on them; a resumed run must see exactly what the original saw.
+        self._sync_weights()
+        reset = getattr(self.policy, "reset_cache", None)
+        if reset is not None:
+            reset()
 
     # ------------------------------------------------------------------ 5: policy update
 
-    def token_batch(self, forest: Forest, adv: np.ndarray) -> tuple[list[TrainSequence], int, int]:
-        """``(sequences, policy tokens, sequences with policy tokens)`` of the forest: one
-        sequence per trajectory, loss only on the tokens that trajectory generated."""
-        from trace_gym.rollout.engine import sequence
+    def token_batch(self, forest: Forest, adv: np.ndarray) -> Any:
+        """The forest's :class:`~trace_gym.trainers.batching.TokenBatch` under ``loss.packing``:
+        every policy token of the forest is a loss token exactly once, in a packed tree row
+        (``tree``) or in its trajectory's sequence (``trajectory``); see trainers/batching.py."""
+        from trace_gym.trainers.batching import token_batch
 
-        out: list[TrainSequence] = []
-        n_tokens = n_seqs = 0
-        for t in range(forest.n_trajectories):
-            leaf = int(forest.traj_leaf[t])
-            if leaf == int(forest.traj_origin[t]):
-                continue  # failed before its first turn
-            seq = sequence(forest, leaf)
-            own = (seq.mask == 1) & (forest.traj[seq.node] == t)
-            if not own.any():
-                continue
-            n_tokens += int(own.sum())
-            n_seqs += 1
-            a = adv[seq.node].astype(np.float32)
-            if self.cfg.loss.skip_zero_advantage and self.cfg.loss.kl_coef == 0 and not np.any(a[own] != 0):
-                continue
-            out.append(TrainSequence(seq.ids, own.astype(np.float32), a, seq.logprobs.astype(np.float32)))
-        return out, n_tokens, n_seqs
+        L = self.cfg.loss
+        return token_batch(forest, adv, L.packing, skip_zero_advantage=L.skip_zero_advantage and L.kl_coef == 0,
+                           max_tokens=L.pack_tokens)
 
-    def _micro_batches(self, seqs: list[TrainSequence]) -> list[list[TrainSequence]]:
-        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].ids))
-        batches, cur, width = [], [], 0
-        for i in order:
-            w = max(width, len(seqs[i].ids))
-            if cur and w * (len(cur) + 1) > self.cfg.optim.micro_batch_tokens:
-                batches.append(cur)
-                cur, w = [], len(seqs[i].ids)
-            cur.append(seqs[i])
-            width = w
-        if cur:
-            batches.append(cur)
-        return batches
+    def _micro_batches(self, units: list[Any]) -> list[list[int]]:
+        """Indices of ``units`` per micro-batch (at most ``optim.micro_batch_tokens`` padded tokens)."""
+        from trace_gym.trainers.batching import micro_batches
 
-    def _tensors(self, batch: list[TrainSequence]) -> dict[str, torch.Tensor]:
-        width = max(len(s.ids) for s in batch)
+        return micro_batches(units, self.cfg.optim.micro_batch_tokens)
+
+    def _tensors(self, units: list[Any]) -> dict[str, torch.Tensor]:
+        """The tensors of one micro-batch (:func:`~trace_gym.trainers.batching.collate`); packed
+        rows get the 4D path mask the model's attention implementation takes."""
+        from trace_gym.trainers.batching import check_attention, collate
+
         pad = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.policy.pad_id)
-        out = {
-            "ids": torch.full((len(batch), width), pad, dtype=torch.long),
-            "attn": torch.zeros((len(batch), width), dtype=torch.long),
-            "mask": torch.zeros((len(batch), width)),
-            "adv": torch.zeros((len(batch), width)),
-            "behaviour": torch.zeros((len(batch), width)),
-        }
-        for r, s in enumerate(batch):
-            n = len(s.ids)
-            out["ids"][r, :n] = torch.from_numpy(s.ids)
-            out["attn"][r, :n] = 1
-            out["mask"][r, :n] = torch.from_numpy(s.mask)
-            out["adv"][r, :n] = torch.from_numpy(s.adv)
-            out["behaviour"][r, :n] = torch.from_numpy(s.behaviour)
-        return {k: v.to(self.device) for k, v in out.items()}
+        packed = any(u.ancestors is not None for u in units)
+        impl = check_attention(self.model) if packed else "sdpa"
+        dtype = next(self.model.parameters()).dtype
+        return collate(units, pad, impl=impl, dtype=dtype, device=self.device)
 
     def _autocast(self):
         if self.device.type == "cuda" and self.cfg.model.bf16:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _logits(self, model: Any, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        """Next-token logits at positions ``(rows, cols)`` only: the LM head runs on the
-        positions that carry loss, not on every prompt and observation token."""
+    def _logits(self, model: Any, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Next-token logits at the positions ``(t["rows"], t["cols"])`` that predict the loss
+        tokens: the LM head runs on those only, not on every prompt and observation token.
+        Packed rows pass their 4D path mask and position ids."""
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
         backbone, head = getattr(inner, "model", None), getattr(inner, "lm_head", None)
+        kwargs: dict[str, Any] = {"input_ids": t["ids"], "attention_mask": t["attn"], "use_cache": False}
+        if "positions" in t:
+            kwargs["position_ids"] = t["positions"]
         if backbone is not None and head is not None and getattr(inner.config, "final_logit_softcapping", None) is None:
-            hidden = backbone(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
-            return head(hidden[rows, cols])
-        return model(input_ids=ids, attention_mask=attn, use_cache=False).logits[rows, cols]
+            hidden = backbone(**kwargs).last_hidden_state
+            return head(hidden[t["rows"], t["cols"]])
+        return model(**kwargs).logits[t["rows"], t["cols"]]
 
     def _token_logp(self, model: Any, t: dict[str, torch.Tensor], temperature: float, with_entropy: bool = False):
-        """``([B, T-1] log-probs of the next tokens, zero off the loss positions; entropies)``."""
-        target_mask = t["mask"][:, 1:]
-        rows, cols = torch.nonzero(target_mask > 0, as_tuple=True)
-        logits = self._logits(model, t["ids"], t["attn"], rows, cols).float()
-        targets = t["ids"][:, 1:][rows, cols]
-        lp = token_logprobs(logits[None], targets[None], temperature)[0]
-        full = torch.zeros_like(target_mask, dtype=lp.dtype).index_put((rows, cols), lp)
+        """``(log-probs of the loss tokens in the loss layout [G, L], zero elsewhere; their
+        entropies [K] when asked)``."""
+        logits = self._logits(model, t).float()
+        lp = token_logprobs(logits[None], t["targets"][None], temperature)[0]
+        full = torch.zeros_like(t["mask"], dtype=lp.dtype).index_put((t["slot_rows"], t["slot_cols"]), lp)
         ent = entropy_from_logits(logits.detach(), temperature) if with_entropy else None
         return full, ent
 
+    def _check_behaviour(self, units: list[Any]) -> None:
+        """With ``loss.is_correction``, every loss token needs the rollout backend's behaviour
+        log-prob: a NaN one is a ``ValueError`` naming the backend."""
+        bad = sum(int(np.isnan(u.behaviour).sum()) for u in units)
+        if bad:
+            total = sum(u.loss_tokens for u in units)
+            name = getattr(self.policy, "name", type(self.policy).__name__)
+            raise ValueError(f"loss.is_correction=true weights each policy token by exp(old - behaviour log-prob), but the rollout "
+                             f"backend {name!r} returned no behaviour log-prob (NaN) for {bad} of the {total} policy tokens of this "
+                             f"step: use a backend that reports the log-prob of every token it generates (the end-of-turn token "
+                             f"included), or set loss.is_correction=false")
+
     def _update_policy(self, forest: Forest, adv: np.ndarray) -> dict[str, float]:
+        """Step 5: the PPO update on the forest's policy tokens (see the module docstring).
+        With ``mini_batches > 1`` each optimizer step's normaliser is its share (in loss
+        tokens, or trajectories for per-sequence aggregations) of the global one."""
         cfg, L = self.cfg, self.cfg.loss
-        seqs, n_tokens, n_seqs = self.token_batch(forest, adv)
-        stats = {"update/sequences": len(seqs), "update/policy_tokens": n_tokens, "update/trained_tokens": 0.0}
-        if not seqs:
+        batch = self.token_batch(forest, adv)
+        units = batch.units
+        stats = {"update/sequences": sum(u.n_groups for u in units), "update/policy_tokens": batch.policy_tokens,
+                 "update/trained_tokens": 0.0, "update/rows": len(units), "update/forward_tokens": batch.forward_tokens}
+        if not units:
             stats.update({"update/skipped": 1.0, "update/lr": self.scheduler.get_last_lr()[0]})
             return stats
+        if L.is_correction:
+            self._check_behaviour(units)
         temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
-        norm_all = float(n_tokens) if L.aggregation == "token-mean" else float(n_seqs)
+        token_mean = L.aggregation == "token-mean"
+        norm_all = float(batch.policy_tokens) if token_mean else float(batch.sequences)
+        weight = [float(u.loss_tokens if token_mean else u.n_groups) for u in units]
         # old log-probs: on-policy with a single update they equal the current ones (detached)
         old_cache: dict[int, torch.Tensor] = {}
         multi = L.ppo_epochs * L.mini_batches > 1
@@ -400,29 +428,27 @@ class RLTrainer:
         try:
             if multi:
                 with torch.no_grad():
-                    for i, s in enumerate(seqs):
+                    for i, u in enumerate(units):
                         with self._autocast():
-                            old_cache[i] = self._token_logp(self.model, self._tensors([s]), temperature)[0]
+                            old_cache[i] = self._token_logp(self.model, self._tensors([u]), temperature)[0]
             for epoch in range(L.ppo_epochs):
-                perm = torch.randperm(len(seqs), generator=gen).tolist() if multi else list(range(len(seqs)))
+                perm = torch.randperm(len(units), generator=gen).tolist() if multi else list(range(len(units)))
                 parts = [perm[k:: L.mini_batches] for k in range(L.mini_batches)]
                 for part in parts:
                     if not part:
                         continue
-                    chosen = [seqs[i] for i in part]
                     # the normaliser of this optimizer step: its share of the global batch
-                    norm = norm_all * len(part) / len(seqs) if L.mini_batches > 1 else norm_all
+                    norm = norm_all * sum(weight[i] for i in part) / sum(weight) if L.mini_batches > 1 else norm_all
                     self.optimizer.zero_grad(set_to_none=True)
-                    index = {id(seqs[i]): i for i in part}
-                    for mb in self._micro_batches(chosen):
-                        t = self._tensors(mb)
+                    for mb in self._micro_batches([units[i] for i in part]):
+                        chosen = [part[j] for j in mb]
+                        t = self._tensors([units[i] for i in chosen])
                         with self._autocast():
                             logp, ent = self._token_logp(self.model, t, temperature, with_entropy=(epoch == 0))
-                        m = t["mask"][:, 1:]
+                        m = t["mask"]
                         if multi:
                             width = m.shape[1]
-                            old = torch.stack([torch.nn.functional.pad(old_cache[index[id(s)]][0], (0, width - old_cache[index[id(s)]].shape[1]))
-                                               for s in mb])
+                            old = torch.cat([torch.nn.functional.pad(old_cache[i], (0, width - old_cache[i].shape[1])) for i in chosen])
                         else:
                             old = logp.detach()
                         ref = None
@@ -433,8 +459,8 @@ class RLTrainer:
                                 else:  # LoRA: the reference is the model without its adapters
                                     with self.model.disable_adapter():
                                         ref = self._token_logp(self.model, t, temperature)[0]
-                        behaviour = t["behaviour"][:, 1:]
-                        out = policy_loss(logp, old, t["adv"][:, 1:], m, eps_low=L.eps_low, eps_high=L.eps_high,
+                        behaviour = t["behaviour"]
+                        out = policy_loss(logp, old, t["adv"], m, eps_low=L.eps_low, eps_high=L.eps_high,
                                           aggregation=L.aggregation, normaliser=norm, ref_logp=ref, kl_coef=L.kl_coef,
                                           behaviour_logp=behaviour if L.is_correction else None, is_cap=L.is_cap)
                         out.loss.backward()
@@ -448,7 +474,8 @@ class RLTrainer:
                             acc["is_weight"] += out.is_weight
                             if ent is not None:
                                 acc["entropy"] += float(ent.sum())
-                            acc["behaviour_gap"] += float(((old - behaviour).abs() * m).sum())
+                            known = (m > 0) & torch.isfinite(behaviour)  # a backend may leave some unreported
+                            acc["behaviour_gap"] += float(torch.where(known, (old - behaviour).abs(), 0.0).sum())
                     params = [p for p in self.model.parameters() if p.requires_grad]
                     grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)))
                     self.optimizer.step()
@@ -473,20 +500,22 @@ class RLTrainer:
         return stats
 
     def _sync_weights(self) -> None:
-        """Bring the rollout policy's weights up to date (a no-op for the in-process hf policy)."""
-        target = getattr(self.policy, "model", None)
-        inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        if target is inner or target is self.model:
+        """Bring the rollout policy's weights up to date when the trained weights changed
+        since its last sync (an optimizer step, a resume) or it never had them (servers).
+        Nothing to do for the hf policy that shares the trained module. Otherwise
+        :func:`~trace_gym.trainers.backends.push_weights`: the full weights (a bf16 copy,
+        vLLM, servers; LoRA merged in), or the LoRA adapter alone where the backend loads
+        adapters (vLLM, vLLM servers). A server that cannot take weights (allowed with
+        ``update_policy: false`` only) keeps its own."""
+        from trace_gym.trainers.backends import param_version, push_weights
+
+        if self.model is None or self._shares_weights or not self.policy.sync_modes():
             return
-        if hasattr(self.model, "merge_adapter"):  # LoRA: send merged weights, keep the adapters
-            self.model.merge_adapter()
-            try:
-                state = {k.replace(".base_layer", ""): v for k, v in inner.state_dict().items() if "lora_" not in k}
-            finally:
-                self.model.unmerge_adapter()
-        else:
-            state = self.model.state_dict()
-        self.policy.load_weights(state)
+        if self._synced_version is not None and param_version(self.model) == self._synced_version:
+            return
+        self._syncs += 1
+        push_weights(self.policy, self.model, self.out / "weight-sync", self._syncs)
+        self._synced_version = param_version(self.model)
 
     # ------------------------------------------------------------------ 7: metrics
 
@@ -512,6 +541,7 @@ class RLTrainer:
 
         cfg = self.cfg.eval
         step = self.step_index if step is None else step
+        self._sync_weights()  # evaluation goes through the rollout backend: it needs the current weights
         rng = capture_rng()
         out: dict[str, float] = {}
         try:
@@ -558,6 +588,10 @@ class RLTrainer:
         return self.ckpt.save(self.step_index, self.state_dict())
 
     def _resume(self) -> None:
+        """Restore the newest readable checkpoint. Checkpoints that all fail to read raise
+        :class:`~trace_gym.trainers.checkpoint.CheckpointError` (nothing in the run directory
+        is touched); with no checkpoint at all the run starts from step 0 and its earlier
+        records move to ``metrics.replaced.jsonl``."""
         found = self.ckpt.load_latest(map_location=self.device if not self.sim else "cpu")
         if found is None:
             self.say(f"no checkpoint in {self.ckpt.directory}: starting from step 0")

@@ -215,6 +215,11 @@ class GSM8KEnv(_MathEnv):
     env_id = "trace_gym/GSM8K-v0"
     hub_path, hub_config = "openai/gsm8k", "main"
 
+    @classmethod
+    def hub_datasets(cls, *, path: str | None = None, data_files: Any = None, **kwargs: Any) -> list[str]:
+        """The Hub dataset it downloads unless ``data_files=`` or ``path=`` is given."""
+        return [] if data_files is not None or path is not None else [cls.hub_path]
+
     def __init__(self, *, path: str | None = None, name: str | None = None, data_files: Any = None, **kwargs: Any):
         super().__init__(**kwargs)
         rows = load_rows("trace_gym/GSM8K-v0", self.hub_path, self.hub_config, path=path, name=name,
@@ -280,6 +285,11 @@ class MATHEnv(_MathEnv):
 
     env_id = "trace_gym/MATH-v0"
     hub_path, hub_config = "DigitalLearningGmbH/MATH-lighteval", "default"
+
+    @classmethod
+    def hub_datasets(cls, *, path: str | None = None, data_files: Any = None, **kwargs: Any) -> list[str]:
+        """The Hub dataset it downloads unless ``data_files=`` or ``path=`` is given."""
+        return [] if data_files is not None or path is not None else [cls.hub_path]
 
     def __init__(self, *, path: str | None = None, name: str | None = None, data_files: Any = None,
                  levels: Iterable[int] | None = None, subjects: Iterable[str] | None = None, **kwargs: Any):

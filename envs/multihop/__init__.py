@@ -157,6 +157,17 @@ class MultiHopQAEnv(AgentEnv):
             raise ValueError(f"unknown source {source!r}; expected 'world' or one of {sorted(DATASETS)}")
         self.retriever = RetrievalClient(retriever, timeout=retriever_timeout) if retriever else None
 
+    @classmethod
+    def servers(cls, *, retriever: str | None = None, **kwargs: Any) -> list[str]:
+        """The retrieval server of ``retriever=`` (none with the local bm25s index)."""
+        return [retriever] if retriever else []
+
+    @classmethod
+    def hub_datasets(cls, *, source: str = "world", data_files: Any = None, **kwargs: Any) -> list[str]:
+        """The Hub dataset of a dataset ``source`` without ``data_files`` (none for the generated world)."""
+        source = getattr(cls, "dataset", "") or source
+        return [DATASETS[source][1]] if source in DATASETS and data_files is None else []
+
     # ------------------------------------------------------------------ AgentEnv API
 
     def tasks(self) -> WorldQuestions | QADatasetSource:

@@ -8,13 +8,15 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from trace_gym.cli.errors import UsageError
 from trace_gym.sim.bench import DEFAULT_ALLOCATORS, BenchConfig, run_bench
-from trace_gym.sim.difficulty import DEFAULT_DIFFICULTY, DifficultyError
+from trace_gym.sim.difficulty import DEFAULT_DIFFICULTY
 
 LEGEND = ("eff. ratio: share of sampled prompts whose tree holds a success and a failure; "
           "ESR: effective sample ratio, the share of trajectories with a non-zero advantage, under the row's own "
-          "advantage (adv.), under grpo and under trace; tok: the same share of generated tokens; "
-          "Brier/AUC: the allocator's predictions against the exact V; ms/step: allocator time, rollouts excluded.")
+          "advantage estimator (adv.), and under grpo's (ESR grpo) and trace's (ESR trace) for every row; ESR tok: "
+          "the same share of generated tokens; traj/step, tokens/step, prompts: spent per step; Brier/AUC: the "
+          "allocator's predictor against the exact V (-: it predicts nothing); ms/step: allocator time, rollouts excluded.")
 
 
 def _fmt(x: Any, pct: bool = False) -> str:
@@ -28,48 +30,132 @@ def _fmt(x: Any, pct: bool = False) -> str:
 
 
 def print_table(result: dict[str, Any], console: Any = None) -> None:
-    """Print the figures of :func:`~trace_gym.sim.bench.run_bench` as a table, with a legend."""
+    """Print the figures of :func:`~trace_gym.sim.bench.run_bench` as a table, then a legend.
+
+    Names are never cut: a table wider than the console is split into narrower ones that
+    each repeat the allocator column, and every column folds rather than ending a name with an
+    ellipsis (:mod:`trace_gym.cli.tables`). Rows that spent a different
+    number of trajectories per step than the others are marked ``*`` and a line under the
+    table says so."""
     from rich.console import Console
-    from rich.table import Table
 
     if console is None:
         console = Console()
         if not console.is_terminal:  # files and pipes get the whole table, not an 80-column squeeze
             console = Console(width=200)
+    from trace_gym.cli.tables import fitted_tables
+
     cfg = result["config"]
     world = "".join(f", {k}={v}" for k, v in cfg.get("world", {}).items())
-    table = Table(title=f"ContrastLab, M = {cfg['trajectories']} trajectories/step, B = {cfg['prompts']} prompts, "
-                        f"{cfg['steps']} steps, difficulty {cfg['difficulty']}{world}")
-    for col in ("allocator", "adv.", "eff. ratio", "ESR", "ESR tok", "ESR grpo", "ESR trace", "traj/step", "tokens/step",
-                "prompts", "Brier", "AUC", "ms/step"):
-        table.add_column(col, justify="left" if col in ("allocator", "adv.") else "right", overflow="fold")
-    spends = {round(r["trajectories"] or 0) for r in result["allocators"].values()}
+    title = (f"ContrastLab, M = {cfg['trajectories']} trajectories/step, B = {cfg['prompts']} prompts, "
+             f"{cfg['steps']} steps, difficulty {cfg['difficulty']}{world}")
+    headers = ["allocator", "adv.", "eff. ratio", "ESR", "ESR tok", "ESR grpo", "ESR trace", "traj/step", "tokens/step",
+               "prompts", "Brier", "AUC", "ms/step"]
+    spends = [round(r["trajectories"] or 0) for r in result["allocators"].values()]
+    counts = sorted((spends.count(x) for x in set(spends)), reverse=True)
+    usual = max(set(spends), key=spends.count) if spends and (len(counts) < 2 or counts[0] > counts[1]) else None
+    rows = []
     for spec, r in result["allocators"].items():
         esr = r["effective_sample_ratio"]
         by = r["effective_sample_ratio_by_advantage"]
-        spent = _fmt(r["trajectories"]) + ("*" if len(spends) > 1 else "")
-        table.add_row(spec, esr["advantage"], _fmt(r["effective_ratio"], True), _fmt(esr["trajectories"], True),
-                      _fmt(esr["tokens"], True), _fmt(by["grpo"]["trajectories"], True), _fmt(by["trace"]["trajectories"], True),
-                      spent, _fmt(r["tokens"]), _fmt(r["prompts"]), _fmt(r["brier"]), _fmt(r["auc"]), f"{r['ms_per_step']:.1f}")
-    console.print(table)
-    console.print(LEGEND, style="dim")
-    if len(spends) > 1:
-        console.print("* rows spent different numbers of trajectories per step: compare their ratios, not their totals.")
+        spent = _fmt(r["trajectories"]) + ("*" if round(r["trajectories"] or 0) != usual else "")
+        rows.append([spec, str(esr["advantage"]), _fmt(r["effective_ratio"], True), _fmt(esr["trajectories"], True),
+                     _fmt(esr["tokens"], True), _fmt(by["grpo"]["trajectories"], True), _fmt(by["trace"]["trajectories"], True),
+                     spent, _fmt(r["tokens"]), _fmt(r["prompts"]), _fmt(r.get("brier")), _fmt(r.get("auc")),
+                     f"{r['ms_per_step']:.1f}"])
+    for table in fitted_tables(headers, rows, console.width, title=title, left=("allocator", "adv.")):
+        console.print(table)
+    if result.get("evaluation"):
+        try:
+            from trace_gym.sim.evaluation import summary_line
+
+            console.print(summary_line(result["evaluation"]), highlight=False)
+        except ImportError:  # an older simulator without a shared evaluation set
+            pass
+    console.print(LEGEND, style="dim", highlight=False)
+    if len(set(spends)) > 1:
+        most = f" than most rows ({usual:,})" if usual is not None else " than other rows"
+        console.print(f"* spent a different number of trajectories per step{most}: "
+                      f"compare ratios, not totals (an allocator may leave budget unspent, e.g. grpo with M not a "
+                      f"multiple of its group size).", highlight=False)
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split ``text`` at commas outside brackets and quotes: ``a=1,b=[2,6]`` -> ``["a=1", "b=[2,6]"]``."""
+    items, depth, quote, start = [], 0, "", 0
+    for i, c in enumerate(text):
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "\"'":
+            quote = c
+        elif c in "[{(":
+            depth += 1
+        elif c in "]})":
+            depth -= 1
+        elif c == "," and depth <= 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return items
 
 
 def _world_settings(text: str | None) -> dict[str, Any]:
+    """``--world step_spread=1.5,turns=[2,6]`` as a dict (values read as JSON)."""
     out: dict[str, Any] = {}
-    for item in (text or "").split(","):
+    for item in _split_top_level(text or ""):
         if not item.strip():
             continue
         key, sep, value = item.partition("=")
         if not sep:
-            raise ValueError(f"--world takes key=value pairs, got {item!r}")
+            raise UsageError(f"--world takes key=value pairs separated by commas, got {item!r}")
         try:
             out[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
-            raise ValueError(f"--world {key.strip()}: {value!r} is not a number, list or quoted string") from None
+            raise UsageError(f"--world {key.strip()}: {value!r} is not a number, list or quoted string") from None
     return out
+
+
+def check_world(config: BenchConfig) -> None:
+    """Raise :class:`~trace_gym.cli.errors.UsageError` for a ``--world`` setting of the wrong
+    shape (``turns=-3`` where ``turns=[2,6]`` is meant) or value, naming the setting."""
+    import inspect
+
+    from trace_gym.sim.world import ContrastLabWorld
+
+    params = inspect.signature(ContrastLabWorld).parameters
+    for key, value in config.world.items():
+        param = params.get(key)
+        if param is None:
+            continue  # config.validate() names unknown settings
+        default = param.default
+        if isinstance(default, tuple):
+            if not isinstance(value, list) or len(value) != len(default) or \
+                    not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+                example = json.dumps(list(default)).replace(" ", "")
+                raise UsageError(f"--world {key}: expects a list of {len(default)} numbers such as {key}={example}, "
+                                 f"got {json.dumps(value)}")
+        elif isinstance(default, (int, float)) and not isinstance(default, bool):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise UsageError(f"--world {key}: expects a number (default {default}), got {json.dumps(value)}")
+    try:
+        ContrastLabWorld(seed=config.seed, **config.world_kwargs())
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--world: {exc}") from None
+
+
+def check_allocators(config: BenchConfig) -> None:
+    """Build every allocator of ``config`` once (with its predictor), so a bad option value
+    (``trace:stage1=foo``) is reported before anything runs, naming the allocator."""
+    from trace_gym.run import BudgetSpec, resolve
+
+    budget = BudgetSpec(trajectories=config.trajectories, prompts=config.prompts, root_fraction=config.root_fraction,
+                        min_per_prompt=config.min_per_prompt, group_size=config.group_size)
+    for spec in config.allocators:
+        try:
+            resolve(spec, budget, predictor=config.predictor, advantage=config.advantage, seed=config.seed)
+        except (TypeError, ValueError, KeyError) as exc:
+            msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            raise UsageError(f"--allocators {spec}: {msg}") from None
 
 
 def _allocators_command(args: argparse.Namespace) -> int:
@@ -79,17 +165,15 @@ def _allocators_command(args: argparse.Namespace) -> int:
     console = Console()
     if not console.is_terminal:
         console = Console(width=200)
-    try:
-        config = BenchConfig(
-            allocators=[a for a in args.allocators.split(",") if a.strip()], difficulty=args.difficulty, steps=args.steps,
-            prompts=args.prompts, trajectories=args.trajectories, tasks=args.tasks, seed=args.seed, predictor=args.predictor,
-            advantage=args.advantage, root_fraction=args.root_fraction, min_per_prompt=args.min_per_prompt,
-            group_size=args.group_size, learn=args.learn, world=_world_settings(args.world),
-        )
-        config.validate()
-    except (ValueError, KeyError, DifficultyError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        return 2
+    config = BenchConfig(
+        allocators=[a for a in args.allocators.split(",") if a.strip()], difficulty=args.difficulty, steps=args.steps,
+        prompts=args.prompts, trajectories=args.trajectories, tasks=args.tasks, seed=args.seed, predictor=args.predictor,
+        advantage=args.advantage, root_fraction=args.root_fraction, min_per_prompt=args.min_per_prompt,
+        group_size=args.group_size, learn=args.learn, world=_world_settings(args.world),
+    )
+    config.validate()  # ValueError, UnknownNameError, DifficultyError: one `error:` line (trace_gym.cli.errors)
+    check_world(config)
+    check_allocators(config)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True, disable=args.quiet or not console.is_terminal) as bar:
         def progress(spec: str, steps: int) -> Callable[[], None]:

@@ -18,6 +18,12 @@ Contract (read this before writing an env):
   different branch ids diverge, the same branch id replays identically.
 * ``demonstrate(task)`` returns a correct trajectory (the policy's turns) for SFT warm
   starts and tests.
+* Two class-level hooks say what an env needs from outside, without building it:
+  :meth:`AgentEnv.servers` (base URLs of servers it calls, checked before a run's first step by
+  :func:`trace_gym.rollout.preflight.check_servers`) and :meth:`AgentEnv.hub_datasets` (Hub
+  datasets it downloads; ``trace-gym envs`` reports it unavailable offline without trying).
+* The observation and action spaces are :class:`AgentText`, which works in Gymnasium's
+  ``SyncVectorEnv`` and ``AsyncVectorEnv`` (shared memory included: see :class:`SharedText`).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from __future__ import annotations
 import pickle
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, SupportsFloat
+from typing import Any, ClassVar, Sequence, SupportsFloat
 
 import gymnasium
 import numpy as np
@@ -81,12 +87,135 @@ class AgentText(spaces.Text):
     def __repr__(self) -> str:  # Text's repr lists all 63k characters
         return f"AgentText({self.min_length}, {self.max_length}, charset=TEXT_CHARSET)"
 
+    # Copies and pickles carry the lengths and the RNG, not the 63k-entry tables (shared per
+    # process): Gymnasium's vector envs deep-copy a space per sub-env and pickle it to each
+    # worker, which otherwise took seconds.
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_text, (type(self), self.max_length, self.min_length, self._np_random))
+
+    def __deepcopy__(self, memo: dict) -> "AgentText":
+        import copy
+
+        return _rebuild_text(type(self), self.max_length, self.min_length, copy.deepcopy(self._np_random, memo))
+
     def sample(self, mask: Any = None, probability: Any = None) -> str:
         if mask is not None or probability is not None:
             return super().sample(mask=mask, probability=probability)
         length = int(self.np_random.integers(self.min_length, self.max_length + 1))
         idx = self.np_random.integers(0, len(self._codes), size=length)
         return self._codes[idx].tobytes().decode("utf-32-le")
+
+    # ------------------------------------------------------------------ flat encoding
+
+    def encode(self, text: str) -> np.ndarray:
+        """``text`` as Gymnasium flattens a ``Text`` value: ``max_length`` int32 indices into
+        :attr:`character_list`, padded with ``len(character_set)``. Raises ``ValueError`` for a
+        string that is not a member (too long, or a character outside the charset)."""
+        if len(text) > self.max_length:
+            raise ValueError(f"text of {len(text)} characters exceeds the space's max_length {self.max_length}")
+        out = np.full(self.max_length, len(self._codes), dtype=np.int32)
+        if text:
+            codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+            idx = _code_index()[np.minimum(codes, 0x10FFFF)]
+            if (idx < 0).any():
+                bad = text[int(np.argmax(idx < 0))]
+                raise ValueError(f"character {bad!r} (U+{ord(bad):04X}) is not in the space's charset")
+            out[: len(text)] = idx
+        return out
+
+    def decode(self, indices: np.ndarray) -> str:
+        """Inverse of :meth:`encode` (indices at or past ``len(character_set)`` are padding)."""
+        idx = np.asarray(indices)
+        idx = idx[(idx >= 0) & (idx < len(self._codes))]
+        return self._codes[idx].tobytes().decode("utf-32-le")
+
+
+_CODE_INDEX: np.ndarray | None = None
+
+
+def _code_index() -> np.ndarray:
+    """Code point -> index into TEXT_CHARSET's sorted character list (-1 outside it)."""
+    global _CODE_INDEX
+    if _CODE_INDEX is None:
+        codes = _text_tables()[4]
+        table = np.full(0x110000, -1, dtype=np.int32)
+        table[codes] = np.arange(len(codes), dtype=np.int32)
+        _CODE_INDEX = table
+    return _CODE_INDEX
+
+
+class SharedText(Sequence[str]):
+    """The observations of an ``AsyncVectorEnv`` with shared memory, read from that memory
+    whenever they are read: one string per sub-env.
+
+    Gymnasium reads a space's shared memory once, when the vector env is built, and for
+    every space but ``Text`` what it gets is a numpy view that later writes show through;
+    for ``Text`` it gets a tuple of strings, fixed at that moment (padding, shown as
+    strings of tabs). :class:`AgentText` registers its own shared-memory readers, so the
+    vector env holds this live view instead; ``deepcopy`` (what the vector env returns with
+    its default ``copy=True``) and :meth:`snapshot` give a plain tuple of the current strings.
+    """
+
+    def __init__(self, space: AgentText, buffer: Any, n: int):
+        self.space, self.n = space, int(n)
+        self._data = np.frombuffer(buffer.get_obj(), dtype=np.int32).reshape(self.n, space.max_length)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return tuple(self.space.decode(self._data[j]) for j in range(*i.indices(self.n)))
+        return self.space.decode(self._data[i])
+
+    def snapshot(self) -> tuple[str, ...]:
+        """The current strings, as a tuple."""
+        return tuple(self[i] for i in range(self.n))
+
+    def __deepcopy__(self, memo: dict) -> tuple[str, ...]:
+        return self.snapshot()
+
+    def __copy__(self) -> tuple[str, ...]:
+        return self.snapshot()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, (tuple, list, SharedText)) and tuple(self) == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"SharedText({self.snapshot()!r})"
+
+
+def _register_vector_support() -> None:
+    """Teach Gymnasium's vector utilities :class:`AgentText`: shared memory that is read live
+    (:class:`SharedText`) and a vectorised encoding (Gymnasium's loops over characters)."""
+    from gymnasium.vector.utils import shared_memory as shm
+
+    @shm.read_from_shared_memory.register(AgentText)
+    def _read(space: AgentText, shared_memory: Any, n: int = 1) -> SharedText:
+        return SharedText(space, shared_memory, n)
+
+    @shm.write_to_shared_memory.register(AgentText)
+    def _write(space: AgentText, index: int, value: str, shared_memory: Any) -> None:
+        size = space.max_length
+        destination = np.frombuffer(shared_memory.get_obj(), dtype=np.int32)
+        destination[index * size: (index + 1) * size] = space.encode(value)
+
+    from gymnasium.spaces import utils as space_utils
+
+    @space_utils.flatten.register(AgentText)
+    def _flatten(space: AgentText, x: str) -> np.ndarray:
+        return space.encode(x)
+
+
+_register_vector_support()
+
+
+def _rebuild_text(cls: type, max_length: int, min_length: int, rng: np.random.Generator | None) -> AgentText:
+    space = cls(max_length, min_length=min_length)
+    space._np_random = rng
+    return space
 
 
 MAX_ACTION_CHARS = 1 << 20
@@ -203,6 +332,22 @@ class AgentEnv(gymnasium.Env[str, str]):
     def tasks(self) -> TaskSource:
         """The env's task source."""
         raise NotImplementedError
+
+    @classmethod
+    def servers(cls, **kwargs: Any) -> list[str]:
+        """Base URLs of the servers an env built with ``kwargs`` calls during episodes (a
+        retrieval server, ...). The default is none. Runs check that each answers before their
+        first step (:func:`trace_gym.rollout.preflight.check_servers`), so a dead server stops
+        the run with its URL instead of turning into zero rewards."""
+        return []
+
+    @classmethod
+    def hub_datasets(cls, **kwargs: Any) -> list[str]:
+        """Hugging Face Hub datasets (``"org/name"``) an env built with ``kwargs`` downloads;
+        ``[]`` (the default) when it needs none, e.g. because ``kwargs`` point at local files.
+        ``trace-gym envs`` reports such an env unavailable when the Hub is unreachable and the
+        dataset is not in the local cache, without building it."""
+        return []
 
     @classmethod
     def code_isolation(cls) -> dict[str, Any] | None:

@@ -33,7 +33,8 @@ class History:
 
     ``steps`` are the turn texts (action and observation) from the root's child down to
     the node; ``depth == len(steps)``. ``oracle`` is the environment's exact conditional
-    success probability where it knows it (the simulator), else NaN.
+    success probability where it knows it (the simulator) and an oracle component asked for
+    it (:meth:`Forest.histories` with ``oracle=True``), else NaN.
     """
 
     task_id: str
@@ -455,20 +456,25 @@ class Forest:
             node = int(parent[node])
         return out[::-1]
 
-    def history(self, node: int) -> History:
-        """The :class:`History` that ends at ``node`` (the predictor's input)."""
+    def history(self, node: int, *, oracle: bool = False) -> History:
+        """The :class:`History` that ends at ``node`` (the predictor's input).
+
+        Its ``oracle`` (the env's exact success probability) is NaN unless ``oracle=True``:
+        only an oracle component (a predictor or allocator whose ``reads_oracle`` is True)
+        asks for it, so no other predictor or allocator can read a true value from a
+        history, by construction."""
         tree = int(self._arr["tree"][node])
         return History(
             task_id=self.task_ids[tree],
             prompt=self.prompts[tree],
             steps=tuple(self.text[i] for i in self.path(node)),
-            oracle=float(self._arr["oracle"][node]),
+            oracle=float(self._arr["oracle"][node]) if oracle else float("nan"),
             max_turns=self.max_turns[tree],
         )
 
-    def histories(self, nodes: Iterable[int]) -> list[History]:
-        """:meth:`history` for each node."""
-        return [self.history(int(i)) for i in nodes]
+    def histories(self, nodes: Iterable[int], *, oracle: bool = False) -> list[History]:
+        """:meth:`history` for each node (true values blanked unless ``oracle=True``)."""
+        return [self.history(int(i), oracle=oracle) for i in nodes]
 
 
 _NODE_ARRAYS: dict[str, tuple[np.dtype, Any]] = {

@@ -9,7 +9,12 @@
     trace-gym leaderboard suites                        # list the presets
 
 Exit status: 0 on success, 1 when records are refused (a bad record, or allocators of one
-group that spent different trajectories), 2 for a bad suite or bad arguments.
+group that spent different trajectories), 2 for a bad suite, bad arguments, a results folder
+holding a bad record file, or a server that does not answer (one ``error:`` line).
+
+``run`` into a folder that already holds records never deletes any: the suite's new runs are
+added, and records it no longer produces are kept in ``records.earlier.jsonl`` (not ranked);
+``--fresh`` moves the folder's record files aside under timestamped names first.
 """
 
 from __future__ import annotations
@@ -42,35 +47,50 @@ def _provenance(records) -> str:
             f"commit(s) {', '.join(commits)}; {pkg}")
 
 
-def _render(records, out_dir: Path | None, title: str) -> int:
-    """Rank ``records``, print the tables, and write the leaderboard files into ``out_dir``."""
+def _render(records, out_dir: Path | None, title: str, notes: list[str] | None = None) -> int:
+    """Rank ``records``, print the tables (and ``notes`` under them), and write the leaderboard
+    files into ``out_dir``."""
     groups = rank(records)
     console = _console()
-    for table in rich_tables(groups):
+    for table in rich_tables(groups, width=console.width):
         console.print(table)
+    for note in notes or []:
+        console.print(note, highlight=False, soft_wrap=True)
     if out_dir is not None:
-        files = write_leaderboard(groups, out_dir, title=title, provenance=_provenance(records))
+        files = write_leaderboard(groups, out_dir, title=title, provenance=_provenance(records), notes=notes)
         console.print(f"leaderboard written to {out_dir}/: " + ", ".join(p.name for p in files.values()))
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """``leaderboard run SUITE|FILE``: run the suite, then write and print its leaderboard."""
-    from trace_gym.leaderboard.runner import preflight, run_suite
+    """``leaderboard run SUITE|FILE``: run the suite, then write and print its leaderboard.
+    A bad suite, a bad record file in ``--out`` or a server that does not answer is raised
+    before anything runs (one ``error:`` line, exit status 2)."""
+    from trace_gym.leaderboard.runner import EARLIER_FILE, plan_suite, preflight, run_suite, sort_records
 
     err = _console(stderr=True)
     try:
         spec = load_suite(args.suite).select(args.tracks.split(",") if args.tracks else None)
-        preflight(spec)
     except SuiteError as exc:
-        err.print(f"[red]bad suite:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
-        return 2
+        raise SuiteError(f"bad suite: {exc}") from None
     out = Path(args.out) if args.out else Path("results") / f"{spec.suite}-{datetime.now():%Y%m%d-%H%M%S}"
-    err.print(f"suite {spec.suite!r} from {resolve_suite_path(args.suite)}: {len(spec.tracks)} track(s); results in {out}/")
-    run_suite(spec, out, show_progress=not args.no_progress, resume=not args.fresh, console=err)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out}: exists and is not a folder")
+    if out.is_dir() and not args.fresh:
+        sort_records(out, plan_suite(spec))  # a bad record file: its file:line, before anything runs
+    preflight(spec)
+    err.print(f"suite {spec.suite!r} from {resolve_suite_path(args.suite)}: {len(spec.tracks)} track(s); results in {out}/",
+              highlight=False, soft_wrap=True)
+    run_suite(spec, out, show_progress=not args.no_progress, fresh=args.fresh, console=err)
+    notes = []
+    earlier = out / EARLIER_FILE
+    if earlier.is_file() and earlier.stat().st_size:
+        n = sum(1 for line in earlier.read_text().splitlines() if line.strip())
+        notes.append(f"{n} earlier record(s) of this folder that the suite no longer runs are kept in {earlier} "
+                     f"(not ranked here).")
     try:
         records = load_records([out])
-        return _render(records, out, title=f"trace-gym leaderboard: {spec.suite}")
+        return _render(records, out, title=f"trace-gym leaderboard: {spec.suite}", notes=notes)
     except (RecordError, UnequalBudget) as exc:
         err.print(f"[red]refused:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
         return 1
@@ -120,11 +140,14 @@ def configure_leaderboard(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("run", help="run a benchmark suite and write its leaderboard",
                        description="Run a suite (a preset name such as quick/standard/paper, or a YAML file), write "
                                    "records.jsonl, leaderboard.md, leaderboard.html and PNG plots into --out, and print "
-                                   "the leaderboard. Re-running with the same --out resumes an interrupted suite.")
+                                   "the leaderboard. Re-running with the same --out resumes an interrupted suite and "
+                                   "adds what a changed suite runs anew (more seeds, steps); records it no longer "
+                                   "produces are kept in records.earlier.jsonl, never deleted.")
     p.add_argument("suite", metavar="SUITE|FILE", help=f"preset ({', '.join(preset_names()) or 'none found'}) or a YAML file")
     p.add_argument("--out", metavar="DIR", help="results folder (default: results/SUITE-TIMESTAMP)")
     p.add_argument("--tracks", metavar="A,B", help="run only these tracks of the suite")
-    p.add_argument("--fresh", action="store_true", help="discard records already in --out instead of resuming")
+    p.add_argument("--fresh", action="store_true",
+                   help="move the records already in --out aside (records-TIMESTAMP.jsonl) and run everything again")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("show", help="print the leaderboard of one or more runs (merged in memory)",

@@ -33,11 +33,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 SCHEMA = "trace-gym/leaderboard-record/1"
 
-RANK_METRIC = {"allocation": "effective_sample_ratio", "training": "accuracy"}
+RANK_METRIC = {"allocation": "effective_sample_ratio/grpo", "training": "accuracy"}
 """The final metric each track kind ranks by (higher is better)."""
 
 TABLE_METRICS = {
-    "allocation": ["effective_sample_ratio", "effective_ratio", "effective_token_ratio", "brier", "ece", "auc"],
+    "allocation": ["effective_sample_ratio/grpo", "effective_sample_ratio", "effective_ratio", "effective_token_ratio", "brier", "ece", "auc"],
     "training": ["accuracy", "accuracy_gain", "pass_at_k", "effective_ratio", "effective_sample_ratio", "reward_mean"],
 }
 """Final metrics shown in leaderboard tables, per track kind (absent ones are skipped)."""

@@ -18,7 +18,8 @@ import numpy as np
 from trace_gym.leaderboard.records import LOWER_IS_BETTER, TABLE_METRICS, Group, Row
 
 METRIC_LABELS = {
-    "effective_sample_ratio": "eff. sample ratio",
+    "effective_sample_ratio/grpo": "eff. sample ratio (grpo adv.)",
+    "effective_sample_ratio": "eff. sample ratio (own adv.)",
     "effective_ratio": "eff. ratio",
     "effective_token_ratio": "eff. token ratio",
     "brier": "Brier",
@@ -50,53 +51,100 @@ def _metrics(group: Group) -> list[str]:
     return [m for m in TABLE_METRICS[group.kind] if m in present]
 
 
+def _advantage(row: Row) -> str:
+    """The advantage estimator(s) under which a row's sample ratios were computed."""
+    return ", ".join(sorted({r.record.advantage for r in row.records}))
+
+
+def _usual_spend(group: Group) -> list[tuple[int, int]] | None:
+    """The spend per seed most rows share (None when no spend is shared by more rows than any other)."""
+    spends = [tuple(row.spend_by_seed()) for row in group.rows]
+    counts = sorted((spends.count(s) for s in set(spends)), reverse=True)
+    if not spends or (len(counts) > 1 and counts[0] == counts[1]):
+        return None
+    return list(max(spends, key=spends.count))
+
+
 def _table(group: Group) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of a group's table: rank, allocator, seeds, the final metrics, spend per
+    seed (``*`` where a row's spend differs from the other rows'), tokens per seed, and the
+    advantage estimator that produced the row's sample ratios (``adv.``)."""
     metrics = _metrics(group)
     head = ["rank", "allocator", "seeds"] + [METRIC_LABELS.get(m, m) + (" ↓" if m in LOWER_IS_BETTER else "") for m in metrics] \
-        + ["trajectories/seed", "tokens/seed"]
+        + ["trajectories/seed", "tokens/seed", "adv."]
+    usual = _usual_spend(group)
     body = []
     for row in group.rows:
         n = len(row.records)
+        flag = "*" if row.spend_by_seed() != usual else ""
         body.append([str(row.rank), row.allocator, str(n)] + [_fmt(row.mean.get(m), row.std.get(m), n) for m in metrics]
-                    + [_per_seed(row.spend_by_seed()), f"{round(row.tokens / max(n, 1)):,}"])
+                    + [_per_seed(row.spend_by_seed()) + flag, f"{round(row.tokens / max(n, 1)):,}", _advantage(row)])
     return head, body
 
 
 def _budget_line(group: Group) -> str:
     b = group.budget
+    same = all(row.spend_by_seed() == _usual_spend(group) for row in group.rows)
+    spend = ("every row spent the same trajectories" if same else
+             "* marks rows that spent different trajectories than the others: compare them with care")
     return (f"budget: M = {b.trajectories_per_step} trajectories/step x {b.steps} steps, {b.candidates} candidate prompts/step; "
-            f"ranked by {METRIC_LABELS.get(group.rank_metric, group.rank_metric)}; every row spent the same trajectories")
+            f"ranked by {METRIC_LABELS.get(group.rank_metric, group.rank_metric)}; {spend}")
 
 
-def render_markdown(groups: Sequence[Group], *, title: str = "trace-gym leaderboard", plots: Sequence[str] = ()) -> str:
-    """The leaderboard as Markdown: one table per group, then links to the plots."""
+LEGEND = {
+    "effective_sample_ratio/grpo": "eff. sample ratio (grpo adv.): share of trajectories with a non-zero advantage under grpo's estimator, one estimator for every row",
+    "effective_sample_ratio": "eff. sample ratio (own adv.): share of trajectories with a non-zero advantage under the row's advantage estimator (adv.)",
+    "effective_token_ratio": "eff. token ratio: the same share of generated policy tokens",
+    "effective_ratio": "eff. ratio: share of sampled prompts whose tree holds both a success and a failure",
+    "brier": "Brier, ECE, AUC: calibration of the row's predictor against outcomes (n/a: it has none)",
+    "accuracy": "held-out acc.: mean@k on held-out tasks after the last step",
+    "accuracy_gain": "acc. gain: held-out acc. minus that of the starting policy",
+    "pass_at_k": "pass@k: share of held-out tasks solved at least once in k samples",
+    "reward_mean": "reward: mean reward of the step's trajectories",
+}
+
+
+def legend_line(group: Group) -> str:
+    """One line that explains every abbreviation of a group's table."""
+    parts = [LEGEND[m] for m in _metrics(group) if m in LEGEND]
+    if "effective_sample_ratio" not in _metrics(group):
+        parts.insert(0, "adv.: the advantage estimator of the row's trajectories")
+    parts += ["↓: lower is better", "x ± y: mean ± standard deviation over seeds",
+              "trajectories/seed: spent per seed (one figure when all seeds spent the same)"]
+    return "; ".join(parts) + "."
+
+
+def render_markdown(groups: Sequence[Group], *, title: str = "trace-gym leaderboard", plots: Sequence[str] = (),
+                    notes: Sequence[str] = ()) -> str:
+    """The leaderboard as Markdown: one table per group (with its budget and legend lines),
+    ``notes``, then links to the plots."""
     out = [f"# {title}", ""]
     for g in groups:
         head, body = _table(g)
         out += [f"## {g.title}", "", _budget_line(g), "",
                 "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
         out += ["| " + " | ".join(r) + " |" for r in body]
-        out.append("")
+        out += ["", legend_line(g), ""]
+    for note in notes:
+        out += [note, ""]
     for p in plots:
         out += [f"![{Path(p).stem}]({p})", ""]
     return "\n".join(out)
 
 
-def rich_tables(groups: Sequence[Group]):
-    """One :class:`rich.table.Table` per group, for the terminal."""
-    from rich.markup import escape
-    from rich.table import Table
+def rich_tables(groups: Sequence[Group], width: int | None = None):
+    """:class:`rich.table.Table` objects for the terminal, one per group (captioned with its
+    budget and legend lines). Nothing is cut: with ``width`` (the console's), a group's table
+    wider than that is split into narrower ones that each repeat the rank and allocator
+    columns; every column folds rather than ending a name with an ellipsis."""
+    from trace_gym.cli.tables import fitted_tables
 
     tables = []
     for g in groups:
         head, body = _table(g)
-        t = Table(title=escape(g.title), caption=_budget_line(g), title_justify="left")
-        for i, h in enumerate(head):
-            width = max(len(h) if i != 1 else 0, *(len(r[i]) for r in body)) if body else None
-            t.add_column(h, justify="left" if h == "allocator" else "right", no_wrap=True, min_width=width)
-        for r in body:
-            t.add_row(*map(escape, r))  # a row key like "trace[adv=...]" is text, not markup
-        tables.append(t)
+        tables += fitted_tables(head, body, width or 10**6, keep=2, title=g.title,
+                                caption=_budget_line(g) + "\n" + legend_line(g), left=("allocator", "adv."),
+                                title_justify="left", caption_justify="left")
     return tables
 
 
@@ -235,8 +283,9 @@ figcaption{color:#5a6273;font-size:.88em}
 
 
 def render_html(groups: Sequence[Group], plots: Sequence[Path], *, title: str = "trace-gym leaderboard",
-                provenance: str = "") -> str:
-    """A static, self-contained HTML page: the tables and the plots (embedded base64 PNGs)."""
+                provenance: str = "", notes: Sequence[str] = ()) -> str:
+    """A static, self-contained HTML page: the tables (with their budget and legend lines),
+    ``notes`` and the plots (embedded base64 PNGs)."""
     e = html.escape
     parts = ["<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>",
              f"<title>{e(title)}</title><style>{_CSS}</style></head><body>", f"<h1>{e(title)}</h1>"]
@@ -245,12 +294,16 @@ def render_html(groups: Sequence[Group], plots: Sequence[Path], *, title: str = 
     for g in groups:
         head, body = _table(g)
         parts.append(f"<h2>{e(g.title)}</h2><p class='meta'>{e(_budget_line(g))}</p>")
+        legend = f"<p class='meta'>{e(legend_line(g))}</p>"
         parts.append("<div class='scroll'><table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr></thead><tbody>")
         for r in body:
             cls = " class='first'" if r[0] == "1" else ""  # every row tied for first
             cells = "".join(f"<td class='alloc'>{e(c)}</td>" if i == 1 else f"<td>{e(c)}</td>" for i, c in enumerate(r))
             parts.append(f"<tr{cls}>{cells}</tr>")
         parts.append("</tbody></table></div>")
+        parts.append(legend)
+    for note in notes:
+        parts.append(f"<p class='meta'>{e(note)}</p>")
     for p in plots:
         data = base64.b64encode(Path(p).read_bytes()).decode("ascii")
         parts.append(f"<figure><img alt='{e(Path(p).stem)}' src='data:image/png;base64,{data}'>"
@@ -260,16 +313,18 @@ def render_html(groups: Sequence[Group], plots: Sequence[Path], *, title: str = 
 
 
 def write_leaderboard(groups: Sequence[Group], out_dir: Path, *, title: str = "trace-gym leaderboard",
-                      provenance: str = "") -> dict[str, Path]:
-    """Write ``leaderboard.md``, ``leaderboard.html`` and the PNG plots into ``out_dir``."""
+                      provenance: str = "", notes: Sequence[str] | None = None) -> dict[str, Path]:
+    """Write ``leaderboard.md``, ``leaderboard.html`` (with ``notes`` under the tables) and the
+    PNG plots into ``out_dir``."""
     out_dir = Path(out_dir)
+    notes = list(notes or [])
     plots = write_plots(groups, out_dir)
     md = out_dir / "leaderboard.md"
-    md.write_text(render_markdown(groups, title=title, plots=[p.name for p in plots]))
+    md.write_text(render_markdown(groups, title=title, plots=[p.name for p in plots], notes=notes))
     page = out_dir / "leaderboard.html"
-    page.write_text(render_html(groups, plots, title=title, provenance=provenance))
+    page.write_text(render_html(groups, plots, title=title, provenance=provenance, notes=notes))
     return {"markdown": md, "html": page, **{p.stem: p for p in plots}}
 
 
-__all__ = ["METRIC_LABELS", "PLOTS", "plot_accuracy", "plot_effective_ratio", "render_html", "render_markdown",
+__all__ = ["LEGEND", "METRIC_LABELS", "PLOTS", "legend_line", "plot_accuracy", "plot_effective_ratio", "render_html", "render_markdown",
            "rich_tables", "write_leaderboard", "write_plots"]

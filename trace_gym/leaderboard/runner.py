@@ -14,16 +14,23 @@ likewise with :func:`register_training_runner`. Both are found through the entry
 group :data:`PLUGIN_GROUP`.
 
 Records are appended to ``records.jsonl`` as each run finishes, so an interrupted suite
-keeps what it finished and ``run`` with the same ``--out`` resumes where it stopped.
+keeps what it finished and ``run`` with the same ``--out`` resumes where it stopped. Records
+are never deleted (:func:`run_suite`): re-running a changed suite into the same folder adds
+its new runs (another seed, more steps); the records it no longer produces are kept, in
+``records.earlier.jsonl`` beside it (not ranked; reused if the suite asks for them again);
+``fresh=True`` (``--fresh``) first moves the folder's record files aside under timestamped
+names.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -31,11 +38,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from trace_gym.leaderboard.records import (
-    BudgetRecord, EvalPoint, Record, Spent, StepRecord, clean_metric, group_key, load_records,
-    make_record, write_records,
+    BudgetRecord, EvalPoint, Record, RecordError, Spent, StepRecord, clean_metric, group_key, make_record,
+    parse_record_line, write_records,
 )
 from trace_gym.leaderboard.spec import AllocatorEntry, EnvEntry, SuiteSpec, TrackSpec, config_hash
-from trace_gym.run import ComponentSpec, RunSpec, defaults
+from trace_gym.run import ComponentSpec, RunSpec, defaults, row_label
 from trace_gym.step import RolloutSource, Step, StepResult
 
 # ----------------------------------------------------------------------------- provenance
@@ -174,7 +181,8 @@ def step_record(result: StepResult) -> StepRecord:
                       metrics={k: clean_metric(v) for k, v in metrics.items()})
 
 
-ALLOCATION_FINAL = ("effective_ratio", "effective_sample_ratio", "effective_token_ratio", "brier", "ece", "auc", "allocator_ms")
+ALLOCATION_FINAL = ("effective_ratio", "effective_sample_ratio", "effective_sample_ratio/grpo", "effective_token_ratio", "brier", "ece",
+                    "auc", "allocator_ms")
 
 
 def run_allocation(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed: int, cache: dict,
@@ -289,13 +297,21 @@ class RunPlan:
         return f"{self.track.name} / {self.env.name} / {self.alloc.key} / seed {self.seed}"
 
 
-def preflight(spec: SuiteSpec) -> None:
-    """Check every track's trainer and warm-start configs before the suite starts (raises
-    :class:`~trace_gym.leaderboard.spec.SuiteError`)."""
+def preflight(spec: SuiteSpec, *, servers: bool = True) -> None:
+    """Check every track before the suite starts: the registered plug-in checks (trainer and
+    warm-start configs; they raise :class:`~trace_gym.leaderboard.spec.SuiteError`), then,
+    with ``servers``, that every server a track calls answers (its envs' retrieval servers, an
+    ``openai`` policy's ``base_url``; :class:`~trace_gym.rollout.preflight.ServerUnavailable`
+    names the URL)."""
+    from trace_gym.rollout.preflight import check_servers
+
     _load_builtin_sources()
     for track in spec.tracks:
         for check in PREFLIGHTS:
             check(track)
+    if servers:
+        for track in spec.tracks:
+            check_servers(track.envs, (track.policy.name, track.policy.kwargs))
 
 
 def plan_suite(spec: SuiteSpec) -> list[RunPlan]:
@@ -308,7 +324,10 @@ def _seal(spec: SuiteSpec, plan: RunPlan, result: RunResult, run_id: str, proven
     policy = t.policy.model_dump(mode="json")
     return make_record(
         run=run_id, suite=spec.suite, track=t.name, kind=t.kind, env=plan.env.name, env_id=plan.env.id,
-        env_kwargs=plan.env.kwargs, allocator=plan.alloc.key, allocator_name=plan.alloc.name,
+        env_kwargs=plan.env.kwargs, allocator=row_label(plan.alloc.spec, base=plan.alloc.key,  # a track-wide override shows in the name
+                                                            predictor=None if plan.alloc.predictor is not None else t.predictor,
+                                                            advantage=None if plan.alloc.advantage is not None else t.advantage),
+        allocator_name=plan.alloc.name,
         allocator_kwargs=plan.alloc.kwargs, policy=policy, predictor=_name(resolve_predictor(t, plan.alloc)),
         advantage=str(resolve_advantage(t, plan.alloc)), seed=plan.seed,
         group=group_key(t.kind, plan.env.id, plan.env.kwargs, policy), config_hash=plan.config_hash,
@@ -322,11 +341,101 @@ def _seal(spec: SuiteSpec, plan: RunPlan, result: RunResult, run_id: str, proven
     )
 
 
+EARLIER_FILE = "records.earlier.jsonl"
+"""Where :func:`run_suite` keeps the records of a results folder that its suite no longer produces."""
+
+
+def read_record_file(path: Path) -> list[Record]:
+    """Every record of one JSONL file, each checked (:func:`~trace_gym.leaderboard.records.parse_record_line`),
+    duplicates allowed; a bad line raises :class:`~trace_gym.leaderboard.records.RecordError`
+    naming ``file:line``. A missing file has no records."""
+    if not path.exists():
+        return []
+    return [parse_record_line(line, f"{path}:{i}") for i, line in enumerate(path.read_text().splitlines(), start=1)
+            if line.strip()]
+
+
+def _write_atomically(path: Path, records: Sequence[Record]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    write_records(tmp, records)
+    os.replace(tmp, path)
+
+
+def move_aside(out_dir: Path, stamp: str | None = None) -> list[Path]:
+    """Move the record files of ``out_dir`` (``records.jsonl``, ``records.earlier.jsonl``) to
+    timestamped names (``records-20261130-101500.jsonl`` ...) that nothing reads by default;
+    returns the new paths. Nothing is deleted."""
+    stamp = stamp or f"{datetime.now():%Y%m%d-%H%M%S}"
+    moved = []
+    for name in ("records.jsonl", EARLIER_FILE):
+        src = out_dir / name
+        if not src.exists():
+            continue
+        stem = name[: -len(".jsonl")]
+        dst, n = out_dir / f"{stem}-{stamp}.jsonl", 1
+        while dst.exists():
+            n += 1
+            dst = out_dir / f"{stem}-{stamp}-{n}.jsonl"
+        os.replace(src, dst)
+        moved.append(dst)
+    return moved
+
+
+@dataclass
+class SuiteRecords:
+    """What a results folder holds for a suite: the records it runs that are already there
+    (``current``), and those it no longer produces (``earlier``: kept in :data:`EARLIER_FILE`)."""
+
+    current: dict[tuple[str, int], Record]
+    earlier: list[Record]
+
+
+def sort_records(out_dir: Path, plans: Sequence[RunPlan]) -> SuiteRecords:
+    """Split the records of ``out_dir`` (``records.jsonl`` and :data:`EARLIER_FILE`) into the
+    ones ``plans`` reuse and the rest, and rewrite the two files accordingly (the earlier file
+    first, then ``records.jsonl`` atomically: a crash in between leaves a record in both files,
+    never in neither). Raises :class:`~trace_gym.leaderboard.records.RecordError` (with what to
+    do) for a file that holds a line that is not a record."""
+    records_path, earlier_path = out_dir / "records.jsonl", out_dir / EARLIER_FILE
+    try:
+        in_main, in_earlier = read_record_file(records_path), read_record_file(earlier_path)
+    except RecordError as exc:
+        raise RecordError(exc.where, exc.field, f"{exc.problem}; fix or remove that line, or re-run with --fresh to move "
+                                                f"the folder's records aside (nothing is deleted)") from None
+    wanted = {(p.config_hash, p.seed) for p in plans}
+    current: dict[tuple[str, int], Record] = {}
+    earlier: list[Record] = []
+    seen: set[str] = set()
+    for r in in_main + in_earlier:
+        if r.digest in seen:
+            continue
+        seen.add(r.digest)
+        key = (r.config_hash, r.seed)
+        if key in wanted and key not in current:
+            current[key] = r
+        else:
+            earlier.append(r)
+    kept_main = [r for r in in_main if current.get((r.config_hash, r.seed)) is r]
+    if [r.digest for r in earlier] != [r.digest for r in in_earlier]:
+        _write_atomically(earlier_path, earlier)
+    if len(kept_main) != len(in_main) or len(current) != len(kept_main):
+        order = {(p.config_hash, p.seed): i for i, p in enumerate(plans)}
+        _write_atomically(records_path, sorted(current.values(), key=lambda r: order[(r.config_hash, r.seed)]))
+    if not earlier and earlier_path.exists() and not earlier_path.stat().st_size:
+        earlier_path.unlink()
+    return SuiteRecords(current, earlier)
+
+
 def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, resume: bool = True,
-              console: Any = None) -> list[Record]:
+              console: Any = None, fresh: bool = False) -> list[Record]:
     """Run every run of ``spec`` not already in ``out_dir/records.jsonl`` and append its record.
 
-    Returns all records of the suite in ``out_dir`` (finished earlier and now). Progress is a
+    Returns all records of the suite in ``out_dir`` (finished earlier and now). Nothing is
+    ever deleted: records in the folder that the suite no longer produces (it changed steps,
+    seeds, budget or allocators) are kept in :data:`EARLIER_FILE` and reported on ``console``;
+    ``fresh=True`` (or ``resume=False``) first moves the folder's record files aside
+    (:func:`move_aside`). A record file with a bad line raises
+    :class:`~trace_gym.leaderboard.records.RecordError` before anything runs. Progress is a
     rich progress bar (one bar for the suite, one for the current run's steps).
     """
     from rich.console import Console
@@ -337,20 +446,15 @@ def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, res
     records_path = out_dir / "records.jsonl"
     console = console or Console(stderr=True)
     plans = plan_suite(spec)
-    wanted = {(p.config_hash, p.seed) for p in plans}
-    done: dict[tuple[str, int], Record] = {}
-    if resume and records_path.exists() and records_path.stat().st_size:
-        kept = [lr.record for lr in load_records([records_path])]
-        stale = [r for r in kept if (r.config_hash, r.seed) not in wanted]
-        if stale:
-            # records of an earlier version of the suite would compete with the new ones at
-            # another budget; the folder holds one suite (combine folders with `merge`)
-            console.print(f"dropping {len(stale)} record(s) in {records_path} that this suite no longer runs")
-            kept = [r for r in kept if (r.config_hash, r.seed) in wanted]
-            write_records(records_path, kept)
-        done = {(r.config_hash, r.seed): r for r in kept}
-    elif records_path.exists():
-        records_path.unlink()
+    if fresh or not resume:
+        for path in move_aside(out_dir):
+            console.print(f"--fresh: moved the earlier records to {path}", highlight=False, soft_wrap=True)
+    found = sort_records(out_dir, plans)
+    done = found.current
+    if found.earlier:
+        console.print(f"kept {len(found.earlier)} earlier record(s) that this suite no longer runs (other seeds, steps, "
+                      f"budget or allocators) in {out_dir / EARLIER_FILE}: not ranked; see them with "
+                      f"`trace-gym leaderboard show {out_dir / EARLIER_FILE}`", highlight=False, soft_wrap=True)
     run_id = out_dir.name
     provenance = {"versions": package_versions(), "git_commit": git_commit(), "host": socket.gethostname()}
     todo = [p for p in plans if (p.config_hash, p.seed) not in done]
@@ -378,7 +482,8 @@ def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, res
 
 
 __all__ = [
-    "ALLOCATION_FINAL", "RolloutSource", "allocation_step", "row_spec", "step_record", "RunPlan", "RunResult", "TRAINING_FINAL", "eval_steps",
+    "ALLOCATION_FINAL", "EARLIER_FILE", "RolloutSource", "SuiteRecords", "allocation_step", "move_aside",
+    "read_record_file", "sort_records", "row_spec", "step_record", "RunPlan", "RunResult", "TRAINING_FINAL", "eval_steps",
     "git_commit", "mean_metrics", "preflight", "make_source", "package_versions", "plan_suite",
     "register_source", "register_training_runner", "resolve_advantage", "resolve_predictor", "row_config", "run_allocation", "run_suite", "run_training",
 

@@ -67,7 +67,8 @@ class Policy(ABC):
       generated turn (closing the turn if needed, and opening the next assistant turn);
     * :meth:`decode` turns generated ids into the action text the env steps on.
 
-    Trainers additionally use :meth:`load_weights` (weight sync after an optimizer step).
+    Trainers additionally use :meth:`sync_modes`, :meth:`load_weights` and
+    :meth:`load_adapter` (weight sync after an optimizer step) and :meth:`reset_cache`.
     Backends built on a Hugging Face tokenizer implement the three rendering methods with
     :class:`trace_gym.policies.chat.ChatTemplate`.
     """
@@ -95,8 +96,32 @@ class Policy(ABC):
 
     def load_weights(self, weights: Any) -> None:
         """Weight sync: replace the policy's weights (a state dict, a model directory, or a
-        module whose state dict is copied). Backends that cannot do it raise."""
+        module whose state dict is copied). Generations after the call use only the new
+        weights (cached KV of the old ones is dropped). Backends that cannot do it raise."""
         raise NotImplementedError(f"policy {self.name!r} cannot load new weights")
+
+    def load_adapter(self, path: str) -> None:
+        """LoRA sync: from now on generate with the peft LoRA adapter saved in directory
+        ``path`` (``adapter_config.json`` + ``adapter_model.safetensors``) on top of the base
+        weights, replacing any adapter loaded before. Backends that cannot do it raise."""
+        raise NotImplementedError(f"policy {self.name!r} cannot load LoRA adapters")
+
+    def sync_modes(self) -> frozenset[str]:
+        """What a trainer can push into this policy: ``"weights"`` (:meth:`load_weights`)
+        and/or ``"adapter"`` (:meth:`load_adapter`). Empty: neither (the policy rolls out
+        and evaluates with the weights it has, and cannot be trained through). The default
+        is what the subclass implements; servers answer after probing their endpoints."""
+        cls = type(self)
+        modes = set()
+        if cls.load_weights is not Policy.load_weights:
+            modes.add("weights")
+        if cls.load_adapter is not Policy.load_adapter:
+            modes.add("adapter")
+        return frozenset(modes)
+
+    def reset_cache(self) -> None:
+        """Drop cached prefix KV, so the next :meth:`generate` does not depend on earlier
+        calls (a trainer calls it at the start of every step). The default does nothing."""
 
     def close(self) -> None:
         """Release resources (HTTP clients, engines). Safe to call more than once."""

@@ -11,8 +11,12 @@ Token level where the server allows it. Servers differ in what they accept beyon
 OpenAI fields; the ``dialect`` says which extensions to use:
 
 * ``"vllm"`` (vLLM, SGLang): the prompt goes as token ids, and the sampled tokens come
-  back as ids with their log-probs (``return_tokens_as_token_ids``, ``stop_token_ids``).
-  No re-tokenisation anywhere.
+  back as ids with their log-probs (``return_tokens_as_token_ids``, ``stop_token_ids``;
+  the stop token is kept in the output with its log-prob). No re-tokenisation anywhere.
+  vLLM returns log-probs of the temperature-scaled distribution only when the server runs
+  with ``--logprobs-mode processed_logprobs`` (its default is the raw logits'); a dev-mode
+  server running with raw log-probs gets a warning when sampling at a temperature other
+  than 1 (:meth:`OpenAIPolicy.logprobs_mode`).
 * ``"transformers"`` (``transformers serve``): text prompts only, and sampling is switched
   on through its ``generation_config`` field (its default config decodes greedily).
 * ``"openai"``: plain text prompts and OpenAI fields only.
@@ -27,11 +31,37 @@ against the server's own token counts (``usage``): prompts the server tokenised 
 different length than the engine's ids, and completions whose re-tokenised length differs
 from what the server generated.
 
+Several servers. ``base_url`` may list several API roots (replicas serving the same model).
+Every task's trajectories go to one server: :meth:`OpenAIPolicy.render_prompt` assigns each
+opening prompt a server in turn, and a later prompt (a next turn, a branch) goes to the
+server of the opening prompt it starts with, so it finds its prefix in that server's prefix
+cache. A prompt that starts with no rendered opening prompt goes to a server chosen by a
+hash of its tokens.
+
+Weight sync (what vLLM's server offers; :meth:`OpenAIPolicy.sync_modes` probes each server's
+``/openapi.json`` once):
+
+* ``"weights"``: :meth:`OpenAIPolicy.load_weights` writes the weights as safetensors into
+  ``sync_dir`` (or takes a directory as it is), then asks every server to reload them in
+  place (``POST /collective_rpc`` with ``{"method": "reload_weights", "kwargs":
+  {"weights_path": DIR}}``) and to drop its prefix cache (``POST /reset_prefix_cache``).
+  Both endpoints exist when the server runs with ``VLLM_SERVER_DEV_MODE=1``.
+* ``"adapter"``: :meth:`OpenAIPolicy.load_adapter` registers a peft LoRA adapter directory
+  on every server under a new name (``POST /v1/load_lora_adapter``; ``vllm serve
+  --enable-lora --max-lora-rank R`` with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``),
+  requests then name that adapter as their model, and the previous adapter is unloaded.
+  A new name per load means no KV cached under an older adapter is reused.
+
+``sync_dir`` must be readable by every server under the same path (a shared file system
+when they run on other machines); by default it is a temporary directory on this machine.
+A server with neither mode rolls out and evaluates with the weights it has; the trainer
+refuses to train through it.
+
 Failures. A request that still fails after its retries becomes a
 :class:`~trace_gym.policies.base.Generation` with ``finish_reason="error"`` and the reason in
 ``info["error"]``; the rollout engine reports those trajectories and keeps the rest. Once
-a request has failed to connect, the others of the same call try only once, so a dead
-server is reported in seconds.
+a request has failed to connect, the others of the same call to that server try only
+once, so a dead server is reported in seconds.
 """
 
 from __future__ import annotations
@@ -41,8 +71,13 @@ import json
 import math
 import os
 import random
+import shutil
+import tempfile
 import threading
 import warnings
+import zlib
+from collections import OrderedDict
+from pathlib import Path
 from typing import Any, Sequence
 
 import httpx
@@ -58,7 +93,8 @@ class OpenAIPolicy(ChatPolicy):
     """A policy behind an OpenAI-compatible HTTP server.
 
     Args:
-        base_url: the server's API root, e.g. ``http://127.0.0.1:8000/v1``.
+        base_url: the server's API root, e.g. ``http://127.0.0.1:8000/v1``, or a list of
+            them (replicas of one model; see "Several servers" in the module docstring).
         model: the model name to send (``None``: the first id of ``GET /models``, or none).
         tokenizer: the tokenizer the engine renders chats with (a model alias, directory,
             hub id, or a tokenizer object); default: ``model``. It must be the served
@@ -72,16 +108,23 @@ class OpenAIPolicy(ChatPolicy):
         backoff: first retry delay in seconds; doubled each retry (with jitter).
         chat_template, tools_in_template: see :class:`~trace_gym.policies.chat.ChatTemplate`.
         extra_body: more JSON fields for every request (server-specific options).
+        weight_sync: ``"auto"`` (probe what the servers can take, see :meth:`sync_modes`)
+            or ``"none"`` (treat them as unable to take weights).
+        sync_dir: where :meth:`load_weights` writes weights and :meth:`load_adapter` copies
+            adapters for the servers to read (default: a temporary directory, for servers on
+            this machine).
+        sync_timeout: seconds a server may take to reload weights or load an adapter.
 
     Attributes: ``dialect``, ``token_level`` (False in a text dialect), ``drift`` (text
-    mode's re-tokenisation counts), ``requests`` and ``retries`` (totals).
+    mode's re-tokenisation counts), ``requests`` and ``retries`` (totals), ``base_urls``,
+    ``adapter`` (the served adapter's name after :meth:`load_adapter`, else None).
     """
 
     name = "openai"
 
     def __init__(
         self,
-        base_url: str = "http://127.0.0.1:8000/v1",
+        base_url: str | Sequence[str] = "http://127.0.0.1:8000/v1",
         model: str | None = None,
         *,
         tokenizer: Any = None,
@@ -94,12 +137,31 @@ class OpenAIPolicy(ChatPolicy):
         chat_template: str | None = None,
         tools_in_template: bool | None = None,
         extra_body: dict[str, Any] | None = None,
+        weight_sync: str = "auto",
+        sync_dir: str | os.PathLike | None = None,
+        sync_timeout: float = 600.0,
     ):
         if dialect not in DIALECTS:
             raise ValueError(f"dialect must be one of {DIALECTS}, got {dialect!r}")
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        self.base_url = base_url.rstrip("/")
+        urls = [base_url] if isinstance(base_url, (str, os.PathLike)) else list(base_url)
+        if not urls:
+            raise ValueError("base_url: give at least one server")
+        self.base_urls = [os.fspath(u).rstrip("/") for u in urls]
+        self.base_url = self.base_urls[0]
+        if weight_sync not in ("auto", "none"):
+            raise ValueError(f"weight_sync must be 'auto' or 'none', got {weight_sync!r}")
+        self.weight_sync = weight_sync
+        self.sync_dir = Path(sync_dir) if sync_dir is not None else None
+        self.sync_timeout = float(sync_timeout)
+        self._modes: frozenset[str] | None = frozenset() if weight_sync == "none" else None
+        self._scratch: tempfile.TemporaryDirectory | None = None
+        self.adapter: str | None = None
+        self._adapter_count = 0
+        self._roots: OrderedDict[tuple[int, int], int] = OrderedDict()  # (length, hash) of an opening prompt -> server
+        self._root_lengths: dict[int, int] = {}  # opening-prompt length -> how many roots have it
+        self._next_server = 0
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         self.dialect = "vllm" if dialect == "auto" else dialect
         self.concurrency = int(concurrency)
@@ -119,6 +181,8 @@ class OpenAIPolicy(ChatPolicy):
         self.tokenizer = tok_source
         self.chat = ChatTemplate(self.tokenizer, chat_template=chat_template, tools_in_template=tools_in_template)
         self.stop_ids = self.chat.stop_ids
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        self.pad_id = int(pad if pad is not None else self.chat.eot_id)
         self.model = model if model is not None and not _is_local(model) else None
         self._model_resolved = self.model is not None
         self._mode_known = dialect != "auto"
@@ -128,14 +192,166 @@ class OpenAIPolicy(ChatPolicy):
                       "completions": 0, "completion_mismatch": 0, "completion_token_diff": 0}
         self.requests = 0
         self.retries = 0
-        self._down = False
+        self._down: set[str] = set()
         self._lock = threading.Lock()
+        self._logprobs_checked = False
+
+    # ------------------------------------------------------------------ routing
+
+    MAX_ROOTS = 65536
+    """Opening prompts remembered for routing (least recently rendered forgotten first)."""
+
+    def render_prompt(self, messages, tools=None) -> list[int]:
+        """The opening prompt's ids (see :class:`~trace_gym.policies.chat.ChatTemplate`); it
+        is also assigned the next server in turn, which then serves every later prompt that
+        starts with it."""
+        ids = super().render_prompt(messages, tools)
+        if len(self.base_urls) > 1:
+            key = (len(ids), hash(tuple(ids)))
+            with self._lock:
+                if key not in self._roots:
+                    self._roots[key] = self._next_server
+                    self._next_server = (self._next_server + 1) % len(self.base_urls)
+                    self._root_lengths[len(ids)] = self._root_lengths.get(len(ids), 0) + 1
+                    while len(self._roots) > self.MAX_ROOTS:
+                        (n, _), _server = self._roots.popitem(last=False)
+                        self._root_lengths[n] -= 1
+                        if not self._root_lengths[n]:
+                            del self._root_lengths[n]
+                else:
+                    self._roots.move_to_end(key)
+        return ids
+
+    def server_of(self, prompt: Sequence[int]) -> int:
+        """Index into :attr:`base_urls` of the server that gets ``prompt``: that of the longest
+        rendered opening prompt it starts with, else a hash of its tokens."""
+        n = len(self.base_urls)
+        if n == 1:
+            return 0
+        ids = [int(t) for t in prompt]
+        with self._lock:
+            for length in sorted((m for m in self._root_lengths if m <= len(ids)), reverse=True):
+                server = self._roots.get((length, hash(tuple(ids[:length]))))
+                if server is not None:
+                    return server
+        return zlib.crc32(json.dumps(ids).encode()) % n
+
+    # ------------------------------------------------------------------ weight sync
+
+    def sync_modes(self) -> frozenset[str]:
+        """``"weights"`` when every server offers ``/collective_rpc`` and
+        ``/reset_prefix_cache`` (``vllm serve`` with ``VLLM_SERVER_DEV_MODE=1``), ``"adapter"``
+        when every server offers ``/v1/load_lora_adapter`` (runtime LoRA updating on); read
+        from each server's ``/openapi.json`` on the first call. Empty with
+        ``weight_sync="none"`` or when a server cannot be asked."""
+        if self._modes is None:
+            common: set[str] | None = None
+            for url in self.base_urls:
+                root = _server_root(url)
+                try:
+                    r = httpx.get(f"{root}/openapi.json", headers=self._headers(), timeout=self.timeout)
+                    paths = set((r.json().get("paths") or {}) if r.status_code == 200 else ())
+                except (httpx.HTTPError, ValueError, AttributeError):
+                    paths = set()
+                modes = set()
+                if {"/collective_rpc", "/reset_prefix_cache"} <= paths:
+                    modes.add("weights")
+                if "/v1/load_lora_adapter" in paths:
+                    modes.add("adapter")
+                common = modes if common is None else common & modes
+            self._modes = frozenset(common or ())
+        return self._modes
+
+    def sync_help(self) -> str:
+        """Why these servers cannot take weights, and how to start ones that can."""
+        return (f"the server(s) {', '.join(self.base_urls)} cannot take new weights"
+                + (" (weight_sync='none')" if self.weight_sync == "none" else "")
+                + ": full weights need vLLM's /collective_rpc and /reset_prefix_cache (start `vllm serve` with "
+                "VLLM_SERVER_DEV_MODE=1), LoRA adapters need /v1/load_lora_adapter (`vllm serve --enable-lora "
+                "--max-lora-rank R` with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)")
+
+    def _sync_path(self, name: str) -> Path:
+        if self.sync_dir is not None:
+            base = self.sync_dir
+        else:
+            if self._scratch is None:
+                self._scratch = tempfile.TemporaryDirectory(prefix="trace-gym-openai-sync-")
+            base = Path(self._scratch.name)
+        path = base / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _control(self, root: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        """POST a control request to a server's root; a failure raises naming the server."""
+        try:
+            r = httpx.post(f"{root}{path}", json=body, headers=self._headers(), timeout=self.sync_timeout)
+        except httpx.HTTPError as exc:
+            raise RuntimeError(f"POST {root}{path} failed: {type(exc).__name__}: {exc}") from exc
+        if r.status_code != 200:
+            raise RuntimeError(f"POST {root}{path} answered HTTP {r.status_code}: {r.text[:300]}")
+        return r
 
     def load_weights(self, weights: Any) -> None:
-        raise NotImplementedError(
-            "the openai backend cannot push weights to a server; reload the server with the new checkpoint "
-            "(e.g. vLLM's /v1/load_lora_adapter or a restart) and build a new policy"
-        )
+        """Weight sync to every server: a state dict or module is written as safetensors
+        into ``sync_dir`` (a directory is used as it is), each server reloads it in place
+        and drops its prefix cache. Servers without the ``"weights"`` mode raise
+        ``NotImplementedError`` saying how to start ones that have it."""
+        from trace_gym.policies.vllm import save_safetensors, state_dict_of
+
+        if "weights" not in self.sync_modes():
+            raise NotImplementedError(self.sync_help())
+        state = state_dict_of(weights)
+        if state is None:
+            path = os.path.abspath(os.fspath(weights))
+            if not list(Path(path).glob("*.safetensors")):
+                raise FileNotFoundError(f"no *.safetensors files in {path!r}")
+        else:
+            path = str(save_safetensors(state, self._sync_path("weights")))
+        for url in self.base_urls:
+            root = _server_root(url)
+            self._control(root, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
+            r = self._control(root, "/reset_prefix_cache")
+            if r.headers.get("content-type", "").startswith("application/json") and r.json().get("success") is False:
+                raise RuntimeError(f"{root} could not reset its prefix cache after loading new weights")
+
+    def load_adapter(self, path: str) -> None:
+        """LoRA sync to every server: the adapter in directory ``path`` (copied into
+        ``sync_dir`` first when one was given) is loaded under a new name, requests use it
+        from now on, and the previous adapter is unloaded."""
+        if "adapter" not in self.sync_modes():
+            raise NotImplementedError(self.sync_help())
+        src = Path(path).resolve()
+        if not (src / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"no adapter_config.json in {str(src)!r} (save the adapter with peft's save_pretrained)")
+        self._adapter_count += 1
+        name = f"trace-gym-adapter-{self._adapter_count}"
+        if self.sync_dir is not None and self.sync_dir.resolve() not in src.parents:
+            dst = self._sync_path(name)
+            shutil.copytree(src, dst, dirs_exist_ok=True)
+            src = dst
+        for url in self.base_urls:
+            self._control(url, "/load_lora_adapter", {"lora_name": name, "lora_path": str(src)})
+        previous, self.adapter = self.adapter, name
+        if previous is not None:
+            for url in self.base_urls:
+                try:
+                    self._control(url, "/unload_lora_adapter", {"lora_name": previous})
+                except RuntimeError:
+                    pass  # an adapter left loaded costs memory only; requests name the new one
+            if self.sync_dir is not None:
+                shutil.rmtree(self.sync_dir / previous, ignore_errors=True)
+
+    def reset_cache(self) -> None:
+        """Drop every server's prefix cache where the server allows it (dev mode); else nothing."""
+        if "weights" in self.sync_modes():
+            for url in self.base_urls:
+                self._control(_server_root(url), "/reset_prefix_cache")
+
+    def close(self) -> None:
+        """Remove the temporary sync directory."""
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
 
     # ------------------------------------------------------------------ requests
 
@@ -161,8 +377,8 @@ class OpenAIPolicy(ChatPolicy):
 
     def _body(self, prompt: list[int], params: SamplingParams, seed: int | None) -> dict[str, Any]:
         body: dict[str, Any] = {"max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p}
-        if self.model:
-            body["model"] = self.model
+        if self.adapter or self.model:
+            body["model"] = self.adapter or self.model
         if seed is not None:
             body["seed"] = seed
         if self.dialect == "vllm":
@@ -182,9 +398,9 @@ class OpenAIPolicy(ChatPolicy):
         body.update(self.extra_body)
         return body
 
-    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Response:
-        """POST with retries; returns the last response (any status) or raises the last transport error."""
-        attempts = 1 if self._down else self.max_retries + 1
+    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any], url: str) -> httpx.Response:
+        """POST to server ``url`` with retries; returns the last response (any status) or raises the last transport error."""
+        attempts = 1 if url in self._down else self.max_retries + 1
         last_exc: Exception | None = None
         for attempt in range(attempts):
             if attempt:
@@ -194,30 +410,35 @@ class OpenAIPolicy(ChatPolicy):
             try:
                 with self._lock:
                     self.requests += 1
-                r = await client.post(f"{self.base_url}/completions", json=body)
+                r = await client.post(f"{url}/completions", json=body)
             except httpx.TransportError as exc:
                 last_exc = exc
                 continue
             if r.status_code in _RETRY_STATUS and attempt + 1 < attempts:
                 continue
-            self._down = False
+            self._down.discard(url)
             return r
-        self._down = isinstance(last_exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError))
+        if isinstance(last_exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)):
+            self._down.add(url)
+        else:
+            self._down.discard(url)
         assert last_exc is not None
         raise last_exc
 
     async def _one(self, client: httpx.AsyncClient, sem: asyncio.Semaphore, prompt: list[int], params: SamplingParams,
                    seed: int | None) -> Generation:
+        url = self.base_urls[self.server_of(prompt)]
         async with sem:
             try:
-                return await self._request(client, prompt, params, seed)
+                return await self._request(client, prompt, params, seed, url)
             except httpx.HTTPError as exc:
                 detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                return Generation([], [], "", "error", info={"error": f"POST {self.base_url}/completions failed after retries: {detail}"})
+                return Generation([], [], "", "error", info={"error": f"POST {url}/completions failed after retries: {detail}"})
 
-    async def _request(self, client: httpx.AsyncClient, prompt: list[int], params: SamplingParams, seed: int | None) -> Generation:
+    async def _request(self, client: httpx.AsyncClient, prompt: list[int], params: SamplingParams, seed: int | None,
+                       url: str) -> Generation:
         if self.token_level:
-            r = await self._post(client, self._body(prompt, params, seed))
+            r = await self._post(client, self._body(prompt, params, seed), url)
             if r.status_code in (400, 422) and not self._mode_known:
                 detail = r.text[:300]
                 transformers = "Unexpected fields" in detail or "prompt must be a string" in detail
@@ -232,7 +453,7 @@ class OpenAIPolicy(ChatPolicy):
                 if self._mode_known:
                     return Generation([], [], "", "error", info={"error": "the server returned no token ids (dialect 'vllm')"})
                 self._switch("openai", "the server accepted token ids but returned text only")
-        r = await self._post(client, self._body(prompt, params, seed))
+        r = await self._post(client, self._body(prompt, params, seed), url)
         if r.status_code != 200:
             return _http_error(r)
         return self._parse_text(r.json(), prompt)
@@ -242,7 +463,7 @@ class OpenAIPolicy(ChatPolicy):
             if not self._mode_known:
                 self.dialect = dialect
                 self._mode_known = True
-                self._announce_text_mode(f"{self.base_url} does not serve token-level completions ({reason}); using dialect {dialect!r}")
+                self._announce_text_mode(f"{', '.join(self.base_urls)} does not serve token-level completions ({reason}); using dialect {dialect!r}")
 
     def _announce_text_mode(self, reason: str) -> None:
         warnings.warn(
@@ -308,9 +529,37 @@ class OpenAIPolicy(ChatPolicy):
                 return [first, *rest]
             return list(await asyncio.gather(*(self._one(client, sem, p, params, s) for p, s in zip(prompts, seeds))))
 
+    def logprobs_mode(self) -> str | None:
+        """The first server's vLLM ``logprobs_mode`` (``"processed_logprobs"``: log-probs of
+        the temperature-scaled sampling distribution, what a trainer recomputes;
+        ``"raw_logprobs"``, vLLM's default: of the untempered logits), read once from its
+        ``/server_info`` (dev mode); None where the server does not say."""
+        if not hasattr(self, "_logprobs_mode"):
+            self._logprobs_mode: str | None = None
+            try:
+                r = httpx.get(f"{_server_root(self.base_url)}/server_info", params={"config_format": "json"},
+                              headers=self._headers(), timeout=self.timeout)
+                if r.status_code == 200:
+                    cfg = (r.json().get("vllm_config") or {}).get("model_config") or {}
+                    self._logprobs_mode = cfg.get("logprobs_mode") if isinstance(cfg, dict) else None
+            except (httpx.HTTPError, ValueError, AttributeError):
+                pass
+        return self._logprobs_mode
+
+    def _check_logprobs_mode(self, params: SamplingParams) -> None:
+        if self._logprobs_checked or not self.token_level or params.temperature <= 0 or params.temperature == 1.0:
+            return
+        self._logprobs_checked = True
+        if self.logprobs_mode() == "raw_logprobs":
+            warnings.warn(
+                f"{self.base_url} returns raw log-probs (of the untempered logits), but sampling runs at temperature "
+                f"{params.temperature}: behaviour log-probs then differ from the sampling distribution's; start "
+                "`vllm serve` with --logprobs-mode processed_logprobs", RuntimeWarning, stacklevel=3)
+
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         prompts = [[int(t) for t in p] for p in prompts]
-        self._down = False
+        self._down = set()
+        self._check_logprobs_mode(params)
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -326,6 +575,12 @@ class OpenAIPolicy(ChatPolicy):
 def _cached(usage: dict[str, Any]) -> int:
     details = usage.get("prompt_tokens_details") or {}
     return int(details.get("cached_tokens") or 0)
+
+
+def _server_root(url: str) -> str:
+    """The server's root (where vLLM's control endpoints live) from its API root ``.../v1``."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
 def _http_error(r: httpx.Response) -> Generation:

@@ -29,6 +29,9 @@ class Predictor(ABC):
     """
 
     name: str = "predictor"
+    reads_oracle: bool = False
+    """True only for oracle components (``oracle``): they receive histories with the env's
+    exact values (:func:`histories_for`); every other predictor gets them blanked."""
 
     @abstractmethod
     def predict(self, histories: Sequence[History]) -> np.ndarray:
@@ -44,6 +47,14 @@ class Predictor(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+
+def histories_for(forest: Any, nodes: Any, predictor: Any) -> list[History]:
+    """The histories of ``nodes`` as ``predictor`` may see them: with the env's exact values
+    only if the predictor is an oracle component (``reads_oracle``), blanked otherwise
+    (:meth:`~trace_gym.forest.forest.Forest.histories`). Allocators call this, not
+    ``forest.histories``, to build a predictor's input."""
+    return forest.histories(nodes, oracle=bool(getattr(predictor, "reads_oracle", False)))
 
 
 PREDICTORS: Registry[Predictor] = Registry("predictor", group=PREDICTOR_GROUP)

@@ -46,15 +46,23 @@ class BetaPredictor(Predictor):
         """Mean outcome over everything seen (the prior mean until then)."""
         return self.total_success / self.total if self.total > 0 else self.prior_mean
 
-    def predict(self, histories: Sequence[History]) -> np.ndarray:
+    def predict_beta(self, histories: Sequence[History]) -> tuple[np.ndarray, np.ndarray]:
+        """``(mean, concentration)`` of each history's prompt posterior ``Beta(a, b)``:
+        ``a / (a + b)`` and ``a + b`` for roots; inner nodes get the same mean with
+        concentration ``inf`` (a point estimate, as :class:`~trace_gym.predictors.hashed.HashedPredictor`
+        gives them)."""
         m = self.population_mean()
         a0, b0 = self.prior_strength * m, self.prior_strength * (1 - m)
         s, f = self.successes, self.failures
-        out = np.empty(len(histories))
+        mean, conc = np.empty(len(histories)), np.empty(len(histories))
         for k, h in enumerate(histories):
             a = a0 + s.get(h.task_id, 0.0)
-            out[k] = a / (a + b0 + f.get(h.task_id, 0.0))
-        return out
+            total = a + b0 + f.get(h.task_id, 0.0)
+            mean[k], conc[k] = a / total, total if h.depth == 0 else np.inf
+        return mean, conc
+
+    def predict(self, histories: Sequence[History]) -> np.ndarray:
+        return self.predict_beta(histories)[0]
 
     def update(self, histories: Sequence[History], targets: np.ndarray, weights: np.ndarray | None = None) -> None:
         t = np.asarray(targets, dtype=np.float64)

@@ -108,6 +108,42 @@ class Failure:
     error: str
 
 
+@dataclass
+class EnvStepResult:
+    """What one env step returned: ``env.step``'s five values and the snapshot after it."""
+
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+    snapshot: EnvSnapshot
+
+
+EnvStep = tuple[EnvSnapshot, "int | None", str]
+"""One env step to run: (snapshot to restore, ``branch_id`` for a trajectory's first step else
+None, the action text)."""
+
+EnvStepper = Callable[[list[EnvStep]], "list[EnvStepResult | str]"]
+"""Runs a wave's env steps; one result per step, in order: an :class:`EnvStepResult`, or the
+error text (``"ExcType: message"``) of a step that raised. The engine's default runs them
+one after another on its own env; :class:`~trace_gym.rollout.workers.EnvWorkerPool` runs them
+on Ray actors."""
+
+
+def run_env_step(env: AgentEnv, snapshot: EnvSnapshot, branch_id: int | None, action: str) -> EnvStepResult | str:
+    """Restore ``snapshot`` into ``env`` (with ``branch_id``: as a fork), step it with ``action``
+    and snapshot it. Never raises: a step that raised returns its error text. The result is a
+    function of the arguments alone (all env state is in the snapshot), so any env instance,
+    in any process, gives the same one."""
+    try:
+        env.restore(snapshot, branch_id=branch_id)
+        obs, reward, terminated, truncated, info = env.step(action)
+        return EnvStepResult(obs, float(reward), bool(terminated), bool(truncated), info, env.snapshot())
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
 class RolloutError(RuntimeError):
     """Some trajectories could not be finished. The forest keeps every node generated;
     ``failures`` lists the trajectories that stopped early."""
@@ -221,6 +257,9 @@ class RolloutEngine:
             ``rollout`` call that had failures; ``"record"`` only records them.
         progress: called after every wave with ``{"finished", "started", "live", "failed",
             "generated_tokens"}`` for this call.
+        env_steps: an :data:`EnvStepper` that runs each wave's env steps (e.g. on Ray env
+            workers); by default they run here, one after another, on ``env``. Either way the
+            forest is the same: steps are applied in the wave's order.
     """
 
     def __init__(
@@ -231,6 +270,7 @@ class RolloutEngine:
         *,
         on_error: str = "raise",
         progress: Callable[[dict[str, int]], None] | None = None,
+        env_steps: EnvStepper | None = None,
     ):
         if isinstance(env, str):
             from trace_gym.registry import make
@@ -244,6 +284,7 @@ class RolloutEngine:
         self.params = params or SamplingParams()
         self.on_error = on_error
         self.progress = progress
+        self.env_steps: EnvStepper = env_steps or (lambda items: [run_env_step(self.env, *item) for item in items])
         self.failures: list[Failure] = []
         self._next_branch = 0
         self._waves = 0
@@ -335,14 +376,20 @@ class RolloutEngine:
             if len(gens) != len(live):
                 raise RuntimeError(f"policy {self.policy.name!r} returned {len(gens)} generations for {len(live)} prompts")
             nxt: list[_Live] = []
+            stepped = iter(self.env_steps([(l.snapshot, l.branch_id if l.first else None, g.text)
+                                           for l, g in zip(live, gens) if g.finish_reason != "error"]))
             for l, g in zip(live, gens):
                 if g.finish_reason == "error":
                     failures.append(Failure(l.traj, l.origin, int(forest.traj_leaf[l.traj]), str(g.info.get("error", "generation failed"))))
                     continue
                 counters["prefill_tokens"] += int(g.info.get("prefill_tokens", len(l.ids)))
                 counters["reused_prefix_tokens"] += int(g.info.get("reused_prefix_tokens", 0))
+                result = next(stepped)
+                if isinstance(result, str):
+                    failures.append(Failure(l.traj, l.origin, int(forest.traj_leaf[l.traj]), f"env step failed: {result}"))
+                    continue
                 try:
-                    done = self._advance(forest, l, g)
+                    done = self._advance(forest, l, g, result)
                 except Exception as exc:
                     failures.append(Failure(l.traj, l.origin, int(forest.traj_leaf[l.traj]), f"env step failed: {type(exc).__name__}: {exc}"))
                     continue
@@ -366,12 +413,9 @@ class RolloutEngine:
                          {"context_limit": max_ctx})
         forest.add_node(l.traj, text="", n_tokens=0, truncated=True, reward=0.0, payload=rec)
 
-    def _advance(self, forest: Forest, l: _Live, g: Any) -> bool:
-        """Step the env with generation ``g`` of trajectory ``l`` and append its node; True when it ended."""
-        env = self.env
-        env.restore(l.snapshot, branch_id=l.branch_id if l.first else None)
-        obs, reward, terminated, truncated, info = env.step(g.text)
-        snap = env.snapshot()
+    def _advance(self, forest: Forest, l: _Live, g: Any, r: EnvStepResult) -> bool:
+        """Append the node of trajectory ``l``'s turn (generation ``g``, env step ``r``); True when it ended."""
+        obs, reward, terminated, truncated, info, snap = r.observation, r.reward, r.terminated, r.truncated, r.info, r.snapshot
         done = bool(terminated or truncated)
         role = str(info.get("role", "tool"))
         span, mask, lps = list(g.token_ids), [1] * len(g.token_ids), [float(x) for x in g.logprobs]
@@ -449,6 +493,6 @@ def write_jsonl(forest: Forest, path: str, *, snapshots: bool = True) -> int:
 
 
 __all__ = [
-    "Failure", "RolloutEngine", "chat_renderer", "RolloutError", "RootRecord", "TokenSequence", "TurnRecord",
+    "EnvStep", "EnvStepResult", "EnvStepper", "Failure", "RolloutEngine", "run_env_step", "chat_renderer", "RolloutError", "RootRecord", "TokenSequence", "TurnRecord",
     "node_records", "node_text", "prefix_ids", "sequence", "write_jsonl",
 ]

@@ -29,11 +29,18 @@ class EngineSource:
     server gone) stays in the forest as spent budget without a reward (``on_error="record"``)
     and is listed in :attr:`failures`; ``on_error="raise"`` raises
     :class:`~trace_gym.rollout.engine.RolloutError` after the step's other trajectories finish.
+
+    ``workers=N`` (N >= 1) runs the env steps (tools included) in N Ray actors
+    (:class:`~trace_gym.rollout.workers.EnvWorkerPool`, built on the first step, options from
+    ``worker_options``); generation stays here, one batched call per wave. The forests and
+    metrics are the same as with ``workers=0`` (everything in this process, the default). A
+    worker that dies mid-step has its steps re-run from their snapshots on a fresh actor.
     """
 
     def __init__(self, envs: Sequence[AgentEnv], policy: Policy, params: SamplingParams, seed: int = 0, *,
                  weights: Sequence[float] | None = None, on_error: str = "record",
-                 progress: Callable[[dict[str, int]], None] | None = None):
+                 progress: Callable[[dict[str, int]], None] | None = None, workers: int = 0,
+                 worker_options: dict[str, Any] | None = None):
         if not envs:
             raise ValueError("EngineSource needs at least one env")
         self.envs = list(envs)
@@ -43,13 +50,24 @@ class EngineSource:
         self.weights = list(weights) if weights is not None else [1.0] * len(self.envs)
         self.on_error = on_error
         self.progress = progress
+        if workers < 0:
+            raise ValueError(f"workers must be >= 0 (0: env steps in this process), got {workers}")
+        self.workers = int(workers)
+        self.worker_options = dict(worker_options or {})
+        self.pool: Any = None
         self.engines: list[RolloutEngine] = []
         self.tree_env = np.zeros(0, dtype=np.int64)
 
     def add_candidates(self, forest: Forest, step: int, n: int) -> None:
         """Add the ``n`` train prompts of ``step`` (split over the envs by weight) as roots."""
         params = replace(self.params, seed=step_seed(self.seed, step))
-        self.engines = [RolloutEngine(env, self.policy, params, on_error=self.on_error, progress=self.progress) for env in self.envs]
+        if self.workers and self.pool is None:
+            from trace_gym.rollout.workers import EnvWorkerPool
+
+            self.pool = EnvWorkerPool(self.envs, self.workers, **self.worker_options)
+        self.engines = [RolloutEngine(env, self.policy, params, on_error=self.on_error, progress=self.progress,
+                                      env_steps=self.pool.stepper(e) if self.pool is not None else None)
+                        for e, env in enumerate(self.envs)]
         tree_env: list[int] = []
         for e, (env, k) in enumerate(zip(self.envs, split_counts(self.weights, n) if len(self.envs) > 1 else [n])):
             src = env.tasks()
@@ -73,7 +91,10 @@ class EngineSource:
         return [f for engine in self.engines for f in engine.failures]
 
     def close(self) -> None:
-        """Release the policy's resources."""
+        """Release the policy's resources and stop the env workers."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
         self.policy.close()
 
 

@@ -10,7 +10,7 @@ from trace_gym.env.react import ParsedTurn
 from trace_gym.task import Split, Task
 from trace_gym.env.tools import Tool
 
-from trace_gym.sim.world import CAT_ERROR, CAT_NEUTRAL, CAT_PROGRESS, OBS_EARLY, OBS_NOT_ANSWER, SYSTEM_PROMPT, ContrastLabWorld, action_text, observation_text
+from trace_gym.sim.world import OBS_EARLY, OBS_NOT_ANSWER, SYSTEM_PROMPT, ContrastLabWorld, action_text, observation_text
 
 
 class ContrastLabEnv(AgentEnv):
@@ -109,7 +109,7 @@ class ContrastLabEnv(AgentEnv):
                 problem = OBS_NOT_ANSWER
         correct = problem is None and option == w.options[w.correct[i, t]]
         on = int(st.tool_state["on_track"])
-        u = st.rng.random(2)
+        u = st.rng.random(3)
         on = int(correct and (on == 1 or u[0] < w.recovery))
         st.tool_state["on_track"] = on
         early_end = parsed.answer is not None and not final
@@ -120,8 +120,7 @@ class ContrastLabEnv(AgentEnv):
         if problem is not None:
             obs = problem
         else:
-            cat = CAT_NEUTRAL if u[1] < w.obs_noise else (CAT_PROGRESS if on else CAT_ERROR)
-            obs = observation_text(cat, t, T)
+            obs = observation_text(int(w.observation_category(on, u[1], u[2])), t, T)
         return TurnResult(obs, info={"success_probability": float(w.value(i, t, on)), "on_track": on})
 
 

@@ -27,10 +27,17 @@ ending after turn ``t`` in state ``s`` the success probability is exact:
 probability of continuing from the env state at ``H`` (latent bit included), i.e. of a
 branch from ``H``, under the ``sim`` policy at temperature 1.
 
-**Observations.** After a tool turn the env reports ``progress`` when on track and a
-``tool error`` when not, except that with probability ``obs_noise`` (0.2) it returns the
-uninformative ``the tool returned a result``. A malformed action gets an error observation
-and counts as a wrong option.
+**Observations.** After a tool turn the env returns, with probability ``obs_noise`` (0.2),
+the uninformative ``the tool returned a result``; otherwise it reports the latent bit, as
+``progress`` (on track) or a ``tool error`` (off track), *flipped* with probability
+``cue_flip`` (0.2: an on-track agent reads ``tool error`` and an off-track one ``progress``).
+So ``P(progress | on) = P(error | off) = (1 - obs_noise)(1 - cue_flip)`` and
+``P(error | on) = P(progress | off) = (1 - obs_noise) cue_flip``. A malformed action gets an
+error observation and counts as a wrong option. The default ``cue_flip`` is the smallest
+multiple of 0.05 at which the three-way reading of the last observation (progress / neutral /
+error) scores at most 0.75 AUC against the outcome of the default world's prefixes (the
+cues of an agent's tools are a hint, not the answer); :mod:`trace_gym.sim.evaluation`
+measures it, and the Bayes-optimal posterior of V given the whole history beside it.
 
 **Prompts.** Each prompt names the task (a unique made-up word), its number of steps, a
 random domain word and three descriptor words; each descriptor comes, with probability
@@ -46,7 +53,10 @@ uses the same counts.
 skills from a forest's per-node advantages: for each policy turn with advantage ``A`` that
 chose correctly (``c = 1``) or not (``c = 0``) at turn t, ``skill_i += lr * A * (c - q_it)``
 (the gradient of ``log pi(option)`` with respect to the correct option's logit), and
-``shared_skill`` moves by ``shared_lr`` times the mean of those gradients.
+``shared_skill`` moves by ``shared_lr`` times the mean of those gradients; with
+``normalize=True`` (what :class:`~trace_gym.sim.learning.SimLearning` does by default) the
+step is first divided by the RMS of its non-zero per-task gradients, so it moves the skills
+by ``lr`` in RMS whatever the scale of the advantages.
 
 **Not modelled.** Turn lengths do not depend on the latent state; a task's difficulty does
 not depend on its length; the policy does not see the latent bit; ``V(H)`` assumes
@@ -187,6 +197,8 @@ class ContrastLabWorld:
         n_options: options per turn (2-8).
         recovery: probability that a correct option brings an off-track agent back.
         obs_noise: probability that an observation is uninformative.
+        cue_flip: probability that an informative observation reports the opposite of the
+            latent bit (0: the cue is exact when present; 0.5: it carries nothing).
         prompt_signal: probability that a descriptor word comes from the task's own
             difficulty band.
         step_spread: standard deviation of per-turn offsets to the skill logit (0: every
@@ -204,6 +216,7 @@ class ContrastLabWorld:
         n_options: int = 4,
         recovery: float = 0.2,
         obs_noise: float = 0.2,
+        cue_flip: float = 0.2,
         prompt_signal: float = 0.5,
         step_spread: float = 0.0,
         seed: int = 0,
@@ -217,7 +230,8 @@ class ContrastLabWorld:
             raise ValueError(f"turns must be (fewest, most) with 1 <= fewest <= most, got {tuple(turns)}")
         if not 2 <= n_options <= len(OPTIONS):
             raise ValueError(f"n_options must be in [2, {len(OPTIONS)}], got {n_options}")
-        for name, x in (("recovery", recovery), ("obs_noise", obs_noise), ("prompt_signal", prompt_signal)):
+        for name, x in (("recovery", recovery), ("obs_noise", obs_noise), ("cue_flip", cue_flip),
+                        ("prompt_signal", prompt_signal)):
             if not 0.0 <= x <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {x}")
         if not step_spread >= 0:
@@ -228,6 +242,7 @@ class ContrastLabWorld:
         self.n_options = int(n_options)
         self.options = OPTIONS[: self.n_options]
         self.recovery, self.obs_noise, self.prompt_signal = float(recovery), float(obs_noise), float(prompt_signal)
+        self.cue_flip = float(cue_flip)
         self.step_spread = float(step_spread)
         self.seed = int(seed)
         n = self.n_tasks + self.n_test
@@ -269,6 +284,21 @@ class ContrastLabWorld:
         if np.any(depth > self.turns[task]) or np.any(depth < 0):
             raise ValueError("depth must lie in [0, the task's number of turns]")
         return np.where(np.asarray(on_track) > 0, self.v_on[task, depth], self.v_off[task, depth])
+
+    def cue_likelihood(self) -> np.ndarray:
+        """``L[category, state]``: the probability of each observation category (progress,
+        error, neutral) given the latent bit after the turn (state 0: off track, 1: on)."""
+        n, f = self.obs_noise, self.cue_flip
+        return np.array([[(1 - n) * f, (1 - n) * (1 - f)],    # progress | off, on
+                         [(1 - n) * (1 - f), (1 - n) * f],    # error
+                         [n, n]])                             # neutral
+
+    def observation_category(self, on: np.ndarray, u_noise: np.ndarray, u_flip: np.ndarray) -> np.ndarray:
+        """The category of the observation after a tool turn ending in latent state ``on``,
+        from two uniform draws per turn (shared by the env and the fast path): neutral if
+        ``u_noise < obs_noise``, else the bit, flipped if ``u_flip < cue_flip``."""
+        reported = np.asarray(on).astype(bool) ^ (np.asarray(u_flip) < self.cue_flip)
+        return np.where(np.asarray(u_noise) < self.obs_noise, CAT_NEUTRAL, np.where(reported, CAT_PROGRESS, CAT_ERROR))
 
     def root_value(self, task: "int | np.ndarray") -> np.ndarray:
         """Success probability of a fresh rollout under the current policy."""
@@ -342,10 +372,15 @@ class ContrastLabWorld:
 
     _OPTION_RE = re.compile(r'"option":\s*"([A-Z])"|<answer>\s*([A-Z])\s*</answer>')
 
-    def reinforce(self, forest: Forest, advantages: np.ndarray, lr: float = 1.0, shared_lr: float = 0.1) -> float:
+    def reinforce(self, forest: Forest, advantages: np.ndarray, lr: float = 1.0, shared_lr: float = 0.1,
+                  normalize: bool = False) -> float:
         """One REINFORCE step on the skills from a forest's per-node ``advantages``
         (see the module docstring). Nodes are matched to tasks by ``forest.task_ids`` and to
-        the option chosen by their text. Returns the mean absolute per-task gradient."""
+        the option chosen by their text. ``normalize=True`` divides the step by the root mean
+        square of its non-zero per-task gradients, so every step moves the skills it touches
+        by ``lr`` in RMS whatever the advantages' overall scale (an estimator then wins by the
+        direction of its gradient, not by its size, as under Adam). Returns the mean absolute
+        per-task gradient (before normalisation)."""
         adv = np.asarray(advantages, dtype=np.float64)
         if adv.shape != (len(forest),):
             raise ValueError(f"advantages must have one value per node ({len(forest)}), got shape {adv.shape}")
@@ -365,10 +400,14 @@ class ContrastLabWorld:
         g = adv[nodes] * (hit - self.q[task, col])
         grad = np.zeros(self.skill.size)
         np.add.at(grad, task, g)
-        self.skill += lr * grad
-        self.shared_skill += shared_lr * float(g.mean())
-        self._refresh()
         touched = np.unique(task)
+        scale = 1.0
+        if normalize:
+            rms = float(np.sqrt(np.mean(grad[touched] ** 2)))
+            scale = 1.0 / rms if rms > 0 else 0.0
+        self.skill += lr * scale * grad
+        self.shared_skill += shared_lr * scale * float(g.mean())
+        self._refresh()
         return float(np.abs(grad[touched]).mean())
 
 

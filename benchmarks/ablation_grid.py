@@ -1,0 +1,319 @@
+"""The whole TRACE ablation grid on ContrastLab, as one command, with 95% intervals over seeds.
+
+    python benchmarks/ablation_grid.py                       # both parts, 3 seeds (~1 h on 2 busy cores)
+    python benchmarks/ablation_grid.py --part allocation     # the frozen-policy part only (~10 min)
+    python benchmarks/ablation_grid.py --part learning --jobs 2 --json grid.json --markdown grid.md
+
+Axes (every combination; a stage that uses no predictor collapses the predictor axis):
+
+* stage 1: ``uniform`` | ``paper`` (V_root at the point estimate) | ``posterior`` (expected
+  mixing under the predictor's Beta predictive);
+* stage 2: ``none`` (stage 1 spends the whole budget) | ``uniform`` | ``prefix`` (active over
+  every pure prefix, the paper's objective) | ``tree`` (active over prefixes of trees not
+  yet mixed, ``scope=tree``);
+* predictor: ``beta`` | ``hashed`` | ``hashed:counts=false`` | ``lm`` (``--predictors``;
+  ``lm`` runs a frozen MiniLM encoder on every history and is left out by default on CPU:
+  add it with ``--predictors beta,hashed,hashed:counts=false,lm``);
+* advantage: ``grpo`` | ``trace`` | ``treerl`` | ``tree_grpo`` | ``trace:scale=group``.
+
+Beside the grid run the baselines and competitors (``grpo``, ``uniform``, ``dapo``, ``pcl``,
+``knapsack``, ``greso``, ``vip``, ``trace-paper``, ``oracle``, ``oracle-er``) with their own
+predictor and advantage.
+
+**Allocation part** (frozen policy; the bench's reference workload: 512 candidates, M = 1024,
+``--steps`` steps): one run per (stage 1, stage 2, predictor, seed); the advantage does not
+change the allocation, so each run reports its effective sample ratio under every
+estimator (``trace:scale=group`` has the non-zero pattern of ``trace``). Columns: effective
+ratio, effective sample ratio (trajectories) under each estimator, generated tokens per
+step, prompts sampled.
+
+**Learning part** (ContrastLab's learning mode: a REINFORCE step of the simulated policy on
+each step's advantages, scale-free by default (each step moves the skills it touches by
+``--lr`` in RMS, :class:`~trace_gym.sim.learning.SimLearning`; ``--sgd``: plain SGD, where an
+estimator's step grows with the size of its advantages), ``--lr``/``--shared-lr`` as in the
+quick suite's learning track):
+one run per (grid cell, advantage, seed) and per baseline. Held-out accuracy (exact mean
+success of the 512 test tasks) after every step; ``tokens_to_grpo`` is the generated tokens
+a run needs to first reach the final held-out accuracy of ``grpo`` on the same seed (linear
+interpolation between steps), divided by the tokens ``grpo`` spent; likewise
+``trajectories_to_grpo``. A run that never reaches it scores ``inf`` for that seed.
+
+Intervals: mean +- t(0.975, n-1) * sd / sqrt(n) over seeds (n = 3: t = 4.30), so with three
+seeds an interval is wide; a mean with an ``inf`` seed is ``inf``. Rows are ranked by the
+named figure of each table. Nothing here is tuned; the figures are what the runs give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+STAGE1 = ("uniform", "paper", "posterior")
+STAGE2 = ("none", "uniform", "prefix", "tree")
+PREDICTORS = ("beta", "hashed", "hashed:counts=false")
+ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo", "trace:scale=group")
+ALLOCATION_ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo")  # trace:scale=group counts as trace
+BASELINES = ("grpo", "uniform", "dapo", "pcl", "knapsack", "greso", "vip", "trace-paper", "oracle", "oracle-er")
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def grid_cells(predictors: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Every (stage 1, stage 2, predictor) cell of the grid, as an allocator spec and a label."""
+    cells = []
+    for s1, s2 in itertools.product(STAGE1, STAGE2):
+        uses_predictor = s1 != "uniform" or s2 in ("prefix", "tree")
+        for pred in (predictors if uses_predictor else (None,)):
+            kwargs: dict[str, Any] = {"stage1": s1, "stage2": "active" if s2 in ("prefix", "tree") else s2}
+            if s2 == "tree":
+                kwargs["scope"] = "tree"
+            if pred is not None:
+                kwargs["predictor"] = pred
+            cells.append({"label": f"trace s1={s1} s2={s2}" + (f" pred={pred}" if pred else ""),
+                          "stage1": s1, "stage2": s2, "predictor": pred, "spec": {"name": "trace", "kwargs": kwargs}})
+    return cells
+
+
+def _config(args: argparse.Namespace, seed: int, learn: float):
+    from trace_gym.sim.bench import BenchConfig
+
+    return BenchConfig(allocators=["grpo"], steps=args.steps, prompts=args.prompts, trajectories=args.trajectories,
+                       tasks=args.tasks, seed=seed, learn=learn, shared_lr=args.shared_lr if learn > 0 else 0.1,
+                       normalize=not args.sgd, eval_prompts=args.eval_prompts)
+
+
+_WORLDS: dict[int, Any] = {}
+_EVALS: dict[int, Any] = {}
+
+
+def _job(task: dict[str, Any]) -> dict[str, Any]:
+    """One run (in a worker process): an allocator spec on one seed, frozen or learning."""
+    from trace_gym.sim.bench import run_allocator
+    from trace_gym.sim.evaluation import evaluation_set
+    from trace_gym.sim.world import ContrastLabWorld
+
+    args = argparse.Namespace(**task["args"])
+    seed, learn = task["seed"], task["learn"]
+    config = _config(args, seed, learn)
+    if seed not in _WORLDS:
+        _WORLDS[seed] = ContrastLabWorld(seed=seed, **config.world_kwargs())
+        _EVALS[seed] = evaluation_set(_WORLDS[seed], config.eval_prompts, config.eval_rollouts)
+    spec = dict(task["spec"])
+    if task.get("advantage"):
+        spec["kwargs"] = {**spec.get("kwargs", {}), "advantage": task["advantage"]}
+    t0 = time.perf_counter()
+    out = run_allocator(spec, _WORLDS[seed], config, eval_set=_EVALS[seed] if learn == 0 else None)
+    out.pop("steps", None)
+    out["wall_s"] = time.perf_counter() - t0
+    return {"key": task["key"], "seed": seed, "result": out}
+
+
+def interval(xs: list[float]) -> tuple[float, float]:
+    """(mean, half-width of the 95% t-interval); inf if any value is inf; half-width nan for one value."""
+    if any(math.isinf(x) for x in xs):
+        return math.inf, math.nan
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, math.nan
+    return m, T975.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
+
+
+def fmt(mi: tuple[float, float], pct: bool = False, digits: int = 2) -> str:
+    m, h = mi
+    if math.isinf(m):
+        return "not reached"
+    if pct:
+        return f"{100 * m:.1f} ± {100 * h:.1f}" if not math.isnan(h) else f"{100 * m:.1f}"
+    return f"{m:.{digits}f} ± {h:.{digits}f}" if not math.isnan(h) else f"{m:.{digits}f}"
+
+
+def reach(curve: list[dict[str, Any]], target: float, key: str) -> float:
+    """``key`` spent when the held-out accuracy first reaches ``target`` (linear between steps); inf if never."""
+    prev = curve[0]
+    if prev["test_success"] >= target:
+        return 0.0
+    for point in curve[1:]:
+        if point["test_success"] >= target:
+            a, b = prev["test_success"], point["test_success"]
+            frac = (target - a) / (b - a) if b > a else 1.0
+            return prev[key] + frac * (point[key] - prev[key])
+        prev = point
+    return math.inf
+
+
+def run_part(args: argparse.Namespace, learn: float, rows: list[dict[str, Any]], advantages: tuple[str | None, ...]) -> dict:
+    """Run ``rows`` x ``advantages`` x seeds; returns ``{key: {seed: result}}``."""
+    seeds = [int(s) for s in args.seeds.split(",")]
+    tasks = []
+    for row in rows:
+        for adv in (advantages if row.get("grid") else (None,)):
+            key = row["label"] + (f" adv={adv}" if adv else "")
+            for seed in seeds:
+                tasks.append({"key": key, "spec": row["spec"], "advantage": adv, "seed": seed, "learn": learn,
+                              "args": vars(args)})
+    out: dict[str, dict[int, Any]] = {}
+    t0 = time.perf_counter()
+    done = 0
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for res in pool.map(_job, tasks, chunksize=1):
+            out.setdefault(res["key"], {})[res["seed"]] = res["result"]
+            done += 1
+            if done % 10 == 0 or done == len(tasks):
+                print(f"  {done}/{len(tasks)} runs, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def allocation_table(runs: dict[str, dict[int, Any]]) -> list[str]:
+    """Markdown rows of the allocation part, ranked by the effective sample ratio under grpo's advantage."""
+    head = ["rank", "row", "eff. ratio %"] + [f"ESR ({a} adv.) %" for a in ALLOCATION_ADVANTAGES] + \
+        ["tokens/step", "prompts", "AUC prefixes"]
+    rows = []
+    for key, by_seed in runs.items():
+        rs = list(by_seed.values())
+        esr = {a: interval([r["effective_sample_ratio_by_advantage"][a]["trajectories"] for r in rs]) for a in ALLOCATION_ADVANTAGES}
+        aucs = [((r.get("calibration") or {}).get("prefixes") or {}).get("auc") for r in rs]
+        rows.append((esr["grpo"][0], [key, fmt(interval([r["effective_ratio"] for r in rs]), True)]
+                     + [fmt(esr[a], True) for a in ALLOCATION_ADVANTAGES]
+                     + [f"{statistics.fmean(r['tokens'] for r in rs):,.0f}", f"{statistics.fmean(r['prompts'] for r in rs):.0f}",
+                        "-" if None in aucs else f"{statistics.fmean(aucs):.3f}"]))
+    rows.sort(key=lambda x: -x[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += [f"| {i + 1} | " + " | ".join(r) + " |" for i, (_, r) in enumerate(rows)]
+    return lines
+
+
+def learning_summary(runs: dict[str, dict[int, Any]]) -> dict[str, dict[str, Any]]:
+    """Per run key: final held-out accuracy and tokens/trajectories to reach grpo's final accuracy (per seed)."""
+    grpo = runs["grpo"]
+    out = {}
+    for key, by_seed in runs.items():
+        tok, traj, acc = [], [], []
+        for seed, r in sorted(by_seed.items()):
+            g = grpo[seed]
+            target = g["final_test_success"]
+            tok.append(reach(r["curve"], target, "tokens") / g["curve"][-1]["tokens"])
+            traj.append(reach(r["curve"], target, "trajectories") / g["curve"][-1]["trajectories"])
+            acc.append(r["final_test_success"])
+        out[key] = {"tokens_to_grpo": tok, "trajectories_to_grpo": traj, "final_test_success": acc,
+                    "initial_test_success": statistics.fmean(r["curve"][0]["test_success"] for r in by_seed.values())}
+    return out
+
+
+def learning_table(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """Markdown rows of the learning part, ranked by tokens to reach grpo's final held-out accuracy."""
+    head = ["rank", "row", "tokens to grpo's final acc. (x grpo's)", "trajectories to it (x grpo's)", "final held-out acc.",
+            "seeds reaching it"]
+    rows = []
+    for key, s in summary.items():
+        tok = interval(s["tokens_to_grpo"])
+        reached = sum(not math.isinf(x) for x in s["tokens_to_grpo"])
+        sort_key = (tok[0] if not math.isinf(tok[0]) else 1e9, -statistics.fmean(s["final_test_success"]))
+        rows.append((sort_key, [key, fmt(tok), fmt(interval(s["trajectories_to_grpo"])),
+                                fmt(interval(s["final_test_success"]), digits=3), f"{reached}/{len(s['tokens_to_grpo'])}"]))
+    rows.sort(key=lambda x: x[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += [f"| {i + 1} | " + " | ".join(r) + " |" for i, (_, r) in enumerate(rows)]
+    return lines
+
+
+def learning_pivot(summary: dict[str, dict[str, Any]], advantages: tuple[str, ...]) -> list[str]:
+    """Markdown: one row per grid cell (and baseline), one column per advantage estimator,
+    each entry the tokens needed to reach grpo's final held-out accuracy (x grpo's, mean ±
+    95% interval; ``not reached``: some seed never got there, with the final accuracy instead)."""
+    cells: dict[str, dict[str, str]] = {}
+    best: dict[str, float] = {}
+    for key, s in summary.items():
+        cell, _, adv = key.partition(" adv=")
+        tok = interval(s["tokens_to_grpo"])
+        text = fmt(tok) if not math.isinf(tok[0]) else f"– (acc. {statistics.fmean(s['final_test_success']):.3f})"
+        cells.setdefault(cell, {})[adv or "own"] = text
+        best[cell] = min(best.get(cell, math.inf), tok[0] if not math.isinf(tok[0]) else 1e9 - statistics.fmean(s["final_test_success"]))
+    head = ["row"] + [f"adv. {a}" for a in advantages] + ["own adv."]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for cell in sorted(cells, key=lambda c: best[c]):
+        lines.append("| " + " | ".join([cell] + [cells[cell].get(a, "") for a in advantages] + [cells[cell].get("own", "")]) + " |")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--part", choices=("both", "allocation", "learning"), default="both")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--prompts", type=int, default=512)
+    ap.add_argument("--trajectories", type=int, default=1024)
+    ap.add_argument("--tasks", type=int, default=2048)
+    ap.add_argument("--eval-prompts", type=int, default=512)
+    ap.add_argument("--predictors", default=",".join(PREDICTORS))
+    ap.add_argument("--advantages", default=",".join(ADVANTAGES), help="learning part: estimators of the grid cells")
+    ap.add_argument("--lr", type=float, default=3.0, help="learning part: the simulated policy's per-task rate")
+    ap.add_argument("--shared-lr", type=float, default=3.0, help="learning part: its shared-skill rate")
+    ap.add_argument("--sgd", action="store_true", help="learning part: plain SGD steps (default: scale-free steps of RMS lr)")
+    ap.add_argument("--rows", default="", help="only rows whose label contains one of these comma-separated strings")
+    ap.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--markdown", default=None)
+    ap.add_argument("--from-json", default=None, help="render the tables of an earlier --json instead of running")
+    args = ap.parse_args()
+    if args.from_json:
+        with open(args.from_json) as fh:
+            saved = json.load(fh)
+        md = []
+        if "allocation" in saved:
+            md += allocation_table({k: {int(s): r for s, r in v.items()} for k, v in saved["allocation"].items()}) + [""]
+        if "learning_summary" in saved:
+            advs = tuple(a for a in saved["args"]["advantages"].split(",") if a)
+            md += learning_table(saved["learning_summary"]) + [""] + learning_pivot(saved["learning_summary"], advs) + [""]
+        print("\n".join(md))
+        return
+    predictors = tuple(p for p in args.predictors.split(",") if p)
+    rows = [{"label": c["label"], "spec": c["spec"], "grid": True} for c in grid_cells(predictors)]
+    rows += [{"label": b, "spec": {"name": b}} for b in BASELINES]
+    if args.rows:
+        wanted = [w for w in args.rows.split(",") if w]
+        rows = [r for r in rows if r["label"] == "grpo" or any(w in r["label"] for w in wanted)]
+    out: dict[str, Any] = {"args": vars(args)}
+    md: list[str] = []
+    t0 = time.perf_counter()
+    if args.part in ("both", "allocation"):
+        print(f"allocation part: {len(rows)} rows x {args.seeds} seeds", file=sys.stderr)
+        runs = run_part(args, 0.0, rows, (None,))
+        out["allocation"] = runs
+        md += [f"### Allocation (frozen policy, M = {args.trajectories}, {args.steps} steps, seeds {args.seeds}; "
+               "ranked by the effective sample ratio under grpo's advantage; mean ± 95% interval)", ""]
+        md += allocation_table(runs) + [""]
+    if args.part in ("both", "learning"):
+        advs = tuple(a for a in args.advantages.split(",") if a)
+        print(f"learning part: {len(rows)} rows (grid cells x {len(advs)} advantages) x {args.seeds} seeds", file=sys.stderr)
+        runs = run_part(args, args.lr, rows, advs)
+        out["learning"] = runs
+        summary = learning_summary(runs)
+        out["learning_summary"] = summary
+        g = summary["grpo"]
+        md += [f"### Learning (ContrastLab learning mode, {'plain SGD' if args.sgd else 'scale-free steps'}, lr {args.lr}, "
+               f"shared lr {args.shared_lr}, M = {args.trajectories}, "
+               f"{args.steps} steps, seeds {args.seeds}; held-out accuracy {g['initial_test_success']:.3f} at the start, "
+               f"grpo ends at {statistics.fmean(g['final_test_success']):.3f}; ranked by the tokens needed to reach grpo's "
+               "final held-out accuracy, as a multiple of grpo's; mean ± 95% interval)", ""]
+        md += learning_table(summary) + ["", "The same, one column per advantage estimator:", ""]
+        md += learning_pivot(summary, advs) + [""]
+    text = "\n".join(md)
+    print(text)
+    print(f"total {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
