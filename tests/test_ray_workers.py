@@ -163,7 +163,25 @@ def test_a_worker_lost_past_its_retries_fails_only_its_trajectories(local_ray):
         remote.close()
 
 
+def test_a_hung_worker_is_given_up_after_its_time_limit(local_ray):
+    from trace_gym.rollout.workers import EnvWorkerPool
+
+    env = SlowLab(world=make_source(RunSpec(**SPEC)).envs[0].world, seed=0)
+    env.latency_s = 60.0  # the tool never answers within the test
+    env.reset(options={"task": env.tasks().get(0)})
+    items = [(env.snapshot(), 0, '<tool_call>{"name": "act", "arguments": {"option": "A"}}</tool_call>')] * 2
+    pool = EnvWorkerPool([env], 2, num_cpus=0.5, max_retries=0, chunk_timeout_s=1.0)
+    try:
+        t0 = time.monotonic()
+        out = pool.step(0, items)
+        assert time.monotonic() - t0 < 30
+        assert pool.lost == 2 and all(isinstance(r, str) and "env worker lost" in r for r in out)
+    finally:
+        pool.close()
+
+
 def test_workers_spread_over_a_two_node_cluster():
+    """Last in the module: it stops the module's local Ray to start a cluster of its own."""
     from ray.cluster_utils import Cluster
 
     if ray.is_initialized():
@@ -184,3 +202,30 @@ def test_workers_spread_over_a_two_node_cluster():
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+
+def test_trainer_steps_its_envs_on_workers_with_the_rollout_workers_key(local_ray, tmp_path):
+    from trace_gym.trainers.config import RLConfig
+    from trace_gym.trainers.rl import RLTrainer
+
+    def run(workers: int) -> list[dict]:
+        cfg = RLConfig.model_validate({
+            "seed": 5, "steps": 2, "output_dir": str(tmp_path / f"w{workers}"), "deterministic": False,
+            "envs": [{"id": "trace_gym/ContrastLab-v0", "kwargs": WORLD}],
+            "model": {"name": "sim", "sim_fast": False}, "sft": {"enabled": False}, "allocator": "trace",
+            "budget": SPEC["budget"], "rollout": {"workers": workers}, "eval": {"every": 0},
+            "checkpoint": {"every": 0}, "log": {"progress": False, "tensorboard": False}})
+        trainer = RLTrainer(cfg, log=lambda msg: None)
+        try:
+            assert (trainer.source.workers if hasattr(trainer.source, "workers") else 0) == workers
+            records = [trainer.step() for _ in range(2)]
+            assert (trainer.source.pool is not None) == (workers > 0)  # the env steps ran on the workers
+            return records
+        finally:
+            trainer.source.close()
+
+    local, remote = run(0), run(2)
+    for a, b in zip(local, remote):
+        for key in ("effective_ratio", "effective_sample_ratio", "spent/trajectories", "spent/generated_tokens", "reward/mean"):
+            assert a[key] == b[key]

@@ -30,6 +30,7 @@ Install it with the ``ray`` extra (``pip install 'trace-gym[ray]'``).
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Sequence
 
 from trace_gym.env.base import AgentEnv, EnvSnapshot
@@ -105,6 +106,9 @@ class EnvWorkerPool:
         start_timeout_s: how long to wait for the actors to start; a cluster without the
             resources they ask for fails here with a clear error instead of hanging.
         ray_init: arguments of ``ray.init`` when Ray is not yet initialised (:func:`ensure_ray`).
+        chunk_timeout_s: a chunk that has not returned after this many seconds counts as lost:
+            its actor is killed and replaced and the chunk re-run (or given up) as for a dead
+            one, so a hung worker cannot hang the step. None (default): no limit.
 
     Attributes:
         actors: the live actor handles (a dead one is replaced in place).
@@ -113,13 +117,15 @@ class EnvWorkerPool:
     """
 
     def __init__(self, envs: Sequence[AgentEnv], workers: int, *, num_cpus: float = 1.0, max_retries: int = 2,
-                 spread: bool = True, start_timeout_s: float = 120.0, ray_init: dict[str, Any] | None = None):
+                 spread: bool = True, start_timeout_s: float = 120.0, ray_init: dict[str, Any] | None = None,
+                 chunk_timeout_s: float | None = None):
         if workers < 1:
             raise ValueError(f"an env worker pool needs at least one worker, got {workers}")
         self.ray = ensure_ray(**(ray_init or {}))
         self.workers = int(workers)
         self.max_retries = int(max_retries)
         self.start_timeout_s = float(start_timeout_s)
+        self.chunk_timeout_s = chunk_timeout_s
         self.lost = 0
         self.in_flight = 0
         opts: dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": 0}
@@ -154,9 +160,15 @@ class EnvWorkerPool:
         chunks = [(k * size, wire[k * size:(k + 1) * size]) for k in range(n) if wire[k * size:(k + 1) * size]]
         out: list[Any] = [None] * len(wire)
         pending = {self.actors[k].step.remote(e, chunk): (k, start, chunk, 0) for k, (start, chunk) in enumerate(chunks)}
+        since = {ref: time.monotonic() for ref in pending}
         while pending:
             self.in_flight = len(pending)
-            done, _ = ray.wait(list(pending), num_returns=1)
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=self.chunk_timeout_s)
+            if not done:  # kill the actors of chunks past the time limit; ray.get then reports them dead
+                now = time.monotonic()
+                for late in [r for r in pending if now - since[r] >= self.chunk_timeout_s]:
+                    ray.kill(self.actors[pending[late][0]], no_restart=True)
+                continue
             ref = done[0]
             k, start, chunk, tries = pending.pop(ref)
             try:
@@ -165,7 +177,8 @@ class EnvWorkerPool:
                 self.lost += 1
                 self._replace(k)
                 if tries < self.max_retries:  # re-run the chunk from its snapshots on the fresh actor
-                    pending[self.actors[k].step.remote(e, chunk)] = (k, start, chunk, tries + 1)
+                    retry = self.actors[k].step.remote(e, chunk)
+                    pending[retry], since[retry] = (k, start, chunk, tries + 1), time.monotonic()
                     continue
                 msg = f"{WorkerLost.__name__}: env worker lost {tries + 1} times ({type(exc).__name__})"
                 res = [msg] * len(chunk)
