@@ -123,6 +123,10 @@ def test_sigkill_mid_step_then_resume_matches_uninterrupted_run(reference, tmp_p
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         time.sleep(0.02)
     step2 = next(r for r in _records(run) if r["step"] == 2 and "effective_ratio" in r)
+    # the record goes out before the step's checkpoint: wait for that too, so two checkpoints exist
+    while not (run / "checkpoints" / "step-00000002").exists() and time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.02)
     time.sleep(0.5 * step2["time/step"])
     proc.send_signal(signal.SIGKILL)
     proc.wait()

@@ -54,22 +54,29 @@ def env_id(name: str) -> str:
     return name if "/" in name else f"{ENV_NAMESPACE}/{name}"
 
 
-def parse_options(text: str, what: str = "component") -> tuple[str, dict[str, Any]]:
-    """``"trace:stage1=uniform:k_max=4"`` -> ``("trace", {"stage1": "uniform", "k_max": 4})``.
-    Values are read as JSON where they parse (numbers, booleans, lists), else kept as strings."""
-    name, *opts = text.strip().split(":")
-    if not name:
-        raise ValueError(f"{what} {text!r}: the name is empty")
+def parse_assignments(items: list[str], what: str) -> dict[str, Any]:
+    """``["levels=[1,2]", "data_files=x.jsonl"]`` -> ``{"levels": [1, 2], "data_files": "x.jsonl"}``.
+    Values are read as JSON where they parse (numbers, booleans, lists), else kept as strings;
+    an item without ``key=`` raises ``ValueError`` naming ``what``."""
     kwargs: dict[str, Any] = {}
-    for opt in opts:
-        key, sep, value = opt.partition("=")
+    for item in items:
+        key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"{what} {text!r}: options are key=value, got {opt!r}")
+            raise ValueError(f"{what}: options are key=value, got {item!r}")
         try:
             kwargs[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
             kwargs[key.strip()] = value
-    return name, kwargs
+    return kwargs
+
+
+def parse_options(text: str, what: str = "component") -> tuple[str, dict[str, Any]]:
+    """``"trace:stage1=uniform:k_max=4"`` -> ``("trace", {"stage1": "uniform", "k_max": 4})``
+    (option values as in :func:`parse_assignments`)."""
+    name, *opts = text.strip().split(":")
+    if not name:
+        raise ValueError(f"{what} {text!r}: the name is empty")
+    return name, parse_assignments(opts, f"{what} {text!r}")
 
 
 class _Spec(BaseModel):

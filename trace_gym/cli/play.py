@@ -224,16 +224,9 @@ def configure_envs(parser: argparse.ArgumentParser) -> None:
 def parse_env_args(items: list[str]) -> dict[str, Any]:
     """``["levels=[1,2]", "data_files=x.jsonl"]`` -> ``{"levels": [1, 2], "data_files": "x.jsonl"}``
     (values are JSON when they parse as JSON, else strings)."""
-    kwargs: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--env-arg takes KEY=VALUE, got {item!r}")
-        try:
-            kwargs[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            kwargs[key.strip()] = value
-    return kwargs
+    from trace_gym.run import parse_assignments
+
+    return parse_assignments(items, "--env-arg")
 
 
 def read_turn(stream: TextIO) -> str | None:

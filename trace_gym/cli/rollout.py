@@ -9,20 +9,14 @@ from typing import Any, Sequence
 
 from trace_gym.cli.errors import UsageError
 from trace_gym.rollout.engine import write_jsonl
-from trace_gym.run import RunSpec
+from trace_gym.run import RunSpec, parse_assignments
 
 
 def _kv(items: Sequence[str], flag: str = "--policy-arg") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"{flag} expects KEY=VALUE, got {item!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+    try:
+        return parse_assignments(list(items), flag)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def configure_rollout(parser: argparse.ArgumentParser) -> None:
