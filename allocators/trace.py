@@ -14,14 +14,25 @@ mixed. A prefix whose subtree is already mixed has nothing left to gain there an
 a candidate; if no pure prefix is left at all, the budget goes out uniformly.
 
 Either stage set to ``"uniform"`` uses the :mod:`uniform <trace_gym.allocators.uniform>`
-allocator's rule instead: that is the ablation grid. Predictions are written to
+allocator's rule instead, and ``stage2="none"`` gives stage 1 the whole budget: that is the
+ablation grid (``benchmarks/ablation_grid.py``). Predictions are written to
 ``forest.pred`` so that their calibration can be measured later.
+
+**The defaults are the grid's measured best for training**: the combination that reached
+GRPO's final held-out accuracy with the fewest generated tokens in ContrastLab's learning
+mode (3 seeds): active stage 1, active stage 2 over every pure prefix, the shared
+``hashed`` predictor (no per-prompt counts) and the ``grpo`` advantage (``advantage``, read
+by :func:`trace_gym.run.defaults`). The paper's exact rule, with the tree-aware advantage,
+is ``trace-paper`` (:class:`TracePaperAllocator`). The figures and why the default differs:
+the README's "Measured" and "Design notes".
 
 Options beyond the paper's single pass:
 
-* ``uncertainty=True`` (the default): when the predictor offers a predictive distribution
+* ``uncertainty=True`` (the default; ``stage1="posterior"`` forces it, ``stage1="paper"``
+  turns it off): when the predictor offers a predictive distribution
   (``predictor.predict_beta(histories) -> (mean, concentration)``, a Beta per history, as
-  :class:`~trace_gym.predictors.hashed.HashedPredictor` does for roots), stage 1 maximises
+  :class:`~trace_gym.predictors.hashed.HashedPredictor` with ``counts=True`` and
+  :class:`~trace_gym.predictors.beta.BetaPredictor` do for roots), stage 1 maximises
   the *expected* number of mixed groups under it,
 
       E[V_root(p, m)] = 1 - P(m successes) - P(m failures),   p ~ Beta(c v, c (1 - v)),
@@ -29,9 +40,9 @@ Options beyond the paper's single pass:
   the beta-binomial probability that ``m`` rollouts are mixed (``c = inf`` gives back
   ``V_root(v, m)``), solved exactly by :func:`solve_roots_beta` (dynamic programming over
   the budget: the gains are non-increasing after the first unit, but prompts no longer
-  share one ordering). ``uncertainty=False``, or a predictor without ``predict_beta``
-  (``beta``, ``oracle``, ``lm``), gives the paper's point-estimate stage 1. Stage 2 always
-  uses point estimates.
+  share one ordering). ``uncertainty=False``, or a predictor without a predictive
+  distribution (``hashed`` without counts, the default; ``oracle``, ``lm``), gives the
+  paper's point-estimate stage 1. Stage 2 always uses point estimates.
 * ``rounds=R`` (default 1): stage 2 spends its budget in R equal rounds, re-planning with
   the outcomes seen so far.
 * ``scope="tree"`` (default ``"subtree"``): only prefixes of trees still pure at the root
@@ -188,7 +199,7 @@ class TraceAllocator(Allocator):
 
     name = "trace"
     default_predictor: ClassVar[str | None] = "hashed"
-    advantage: ClassVar[str] = "trace"
+    advantage: ClassVar[str] = "grpo"
 
     def __init__(self, stage1: str = "active", stage2: str = "active", k_max: int = 0, rounds: int = 1,
                  scope: str = "subtree", uncertainty: bool = True, seed: int = 0):
@@ -273,12 +284,15 @@ class TraceAllocator(Allocator):
 class TracePaperAllocator(TraceAllocator):
     """The paper's exact rule (PAPER.md sec. 3), kept by name beside the measured default
     ``trace``: stage 1 at the predictor's point estimate (``V_root``), stage 2 over every
-    pure prefix (``scope="subtree"``), one greedy pass, the shared predictor alone (``hashed``
-    without per-prompt counts) and the tree-aware advantage ``V(y) - V(parent)`` unscaled.
-    Options as for ``trace``; its defaults are the paper's."""
+    pure prefix (``scope="subtree"``), one greedy pass, one shared predictor (``hashed``, no
+    per-prompt counts) and the tree-aware advantage ``V(y) - V(parent)`` unscaled (PAPER.md
+    marks that advantage as this project's reading of the paper). Options as for ``trace``;
+    its defaults are the paper's. It differs from the default ``trace`` in the advantage
+    only, and in ContrastLab's learning mode it learns no faster than ``grpo`` (the
+    README's "Measured")."""
 
     name = "trace-paper"
-    default_predictor: ClassVar[str | None] = "hashed:counts=false"
+    default_predictor: ClassVar[str | None] = "hashed"
     advantage: ClassVar[str] = "trace"
 
     def __init__(self, stage1: str = "paper", stage2: str = "active", k_max: int = 0, rounds: int = 1,

@@ -11,9 +11,10 @@ Axes (every combination; a stage that uses no predictor collapses the predictor 
 * stage 2: ``none`` (stage 1 spends the whole budget) | ``uniform`` | ``prefix`` (active over
   every pure prefix, the paper's objective) | ``tree`` (active over prefixes of trees not
   yet mixed, ``scope=tree``);
-* predictor: ``beta`` | ``hashed`` | ``hashed:counts=false`` | ``lm`` (``--predictors``;
-  ``lm`` runs a frozen MiniLM encoder on every history and is left out by default on CPU:
-  add it with ``--predictors beta,hashed,hashed:counts=false,lm``);
+* predictor: ``beta`` | ``hashed`` (the shared model) | ``hashed:counts=true`` (with
+  per-prompt counts) | ``lm`` (``--predictors``; ``lm`` runs a frozen MiniLM encoder on
+  every history, minutes per step at M = 1024 on a CPU, and is left out by default: add it
+  with ``--predictors beta,hashed,hashed:counts=true,lm`` where a GPU is at hand);
 * advantage: ``grpo`` | ``trace`` | ``treerl`` | ``tree_grpo`` | ``trace:scale=group``.
 
 Beside the grid run the baselines and competitors (``grpo``, ``uniform``, ``dapo``, ``pcl``,
@@ -28,10 +29,11 @@ ratio, effective sample ratio (trajectories) under each estimator, generated tok
 step, prompts sampled.
 
 **Learning part** (ContrastLab's learning mode: a REINFORCE step of the simulated policy on
-each step's advantages, scale-free by default (each step moves the skills it touches by
-``--lr`` in RMS, :class:`~trace_gym.sim.learning.SimLearning`; ``--sgd``: plain SGD, where an
-estimator's step grows with the size of its advantages), ``--lr``/``--shared-lr`` as in the
-quick suite's learning track):
+each step's advantages, by default scale-free and charged for waste (advantages scaled to
+unit RMS over the turns where they are non-zero, the shared skill moved by the mean over
+every generated turn: :class:`~trace_gym.sim.learning.SimLearning`); ``--sgd``: plain SGD,
+where an estimator's step grows with the size of its advantages; ``--lr``/``--shared-lr`` as
+in ``configs/contrastlab.yaml``):
 one run per (grid cell, advantage, seed) and per baseline. Held-out accuracy (exact mean
 success of the 512 test tasks) after every step; ``tokens_to_grpo`` is the generated tokens
 a run needs to first reach the final held-out accuracy of ``grpo`` on the same seed (linear
@@ -58,7 +60,7 @@ from typing import Any
 
 STAGE1 = ("uniform", "paper", "posterior")
 STAGE2 = ("none", "uniform", "prefix", "tree")
-PREDICTORS = ("beta", "hashed", "hashed:counts=false")
+PREDICTORS = ("beta", "hashed", "hashed:counts=true")
 ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo", "trace:scale=group")
 ALLOCATION_ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo")  # trace:scale=group counts as trace
 BASELINES = ("grpo", "uniform", "dapo", "pcl", "knapsack", "greso", "vip", "trace-paper", "oracle", "oracle-er")
@@ -79,6 +81,18 @@ def grid_cells(predictors: tuple[str, ...]) -> list[dict[str, Any]]:
             cells.append({"label": f"trace s1={s1} s2={s2}" + (f" pred={pred}" if pred else ""),
                           "stage1": s1, "stage2": s2, "predictor": pred, "spec": {"name": "trace", "kwargs": kwargs}})
     return cells
+
+
+def baseline_spec(text: str) -> dict[str, Any]:
+    """``"pcl"``, ``"pcl:seed=1"`` or ``"pcl[pred=hashed:counts=true]"`` (another predictor,
+    whose options may hold colons) as an allocator spec."""
+    from trace_gym.run import ComponentSpec
+
+    name, _, pred = text.partition("[pred=")
+    spec = ComponentSpec.model_validate(name).model_dump()
+    if pred:
+        spec["kwargs"]["predictor"] = pred.rstrip("]")
+    return spec
 
 
 def _config(args: argparse.Namespace, seed: int, learn: float):
@@ -253,10 +267,13 @@ def main() -> None:
     ap.add_argument("--eval-prompts", type=int, default=512)
     ap.add_argument("--predictors", default=",".join(PREDICTORS))
     ap.add_argument("--advantages", default=",".join(ADVANTAGES), help="learning part: estimators of the grid cells")
-    ap.add_argument("--lr", type=float, default=3.0, help="learning part: the simulated policy's per-task rate")
+    ap.add_argument("--lr", type=float, default=0.3, help="learning part: the simulated policy's per-task rate")
     ap.add_argument("--shared-lr", type=float, default=3.0, help="learning part: its shared-skill rate")
     ap.add_argument("--sgd", action="store_true", help="learning part: plain SGD steps (default: scale-free steps of RMS lr)")
     ap.add_argument("--rows", default="", help="only rows whose label contains one of these comma-separated strings")
+    ap.add_argument("--baselines", default=",".join(BASELINES),
+                    help="the rows beside the grid, comma-separated allocator specs, another predictor as "
+                         "name[pred=spec] (default: %(default)s)")
     ap.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", default=None)
@@ -275,7 +292,7 @@ def main() -> None:
         return
     predictors = tuple(p for p in args.predictors.split(",") if p)
     rows = [{"label": c["label"], "spec": c["spec"], "grid": True} for c in grid_cells(predictors)]
-    rows += [{"label": b, "spec": {"name": b}} for b in BASELINES]
+    rows += [{"label": b, "spec": baseline_spec(b)} for b in args.baselines.split(",") if b]
     if args.rows:
         wanted = [w for w in args.rows.split(",") if w]
         rows = [r for r in rows if r["label"] == "grpo" or any(w in r["label"] for w in wanted)]

@@ -304,7 +304,7 @@ def test_solve_roots_beta_raises_its_cap_when_the_solution_needs_it():
 
 def test_trace_stage1_plans_on_the_predictive_distribution(world):
     budget = Budget(256)
-    hashed = trace_gym.make_predictor("hashed", bits=14)
+    hashed = trace_gym.make_predictor("hashed", bits=14, counts=True)
     sim = ContrastLabSim(world, seed=2)
     for _ in range(2):  # train the predictor so the roots have counts
         forest, _ = _step(world, trace_gym.make_allocator("uniform", seed=1), budget, None, sim=sim)
@@ -352,7 +352,10 @@ def test_trace_stage_names_and_the_papers_rule(world):
     from trace_gym.run import defaults
 
     pred, adv = defaults("trace-paper")
-    assert str(pred) == "hashed:counts=false" and str(adv) == "trace"
+    assert str(pred) == "hashed" and str(adv) == "trace"
+    # the measured default differs from the paper's rule in the advantage only (README "Measured")
+    assert [str(x) for x in defaults("trace")] == ["hashed", "grpo"]
+    assert trace_gym.make_predictor("hashed").counts is False
     with pytest.raises(ValueError, match="stage2"):
         trace_gym.make_allocator("trace", stage2="paper")
 

@@ -29,7 +29,7 @@ def test_bench_cli_writes_the_documented_json(tmp_path, capsys):
         esr = figs["effective_sample_ratio"]
         # each row runs with its allocator's own advantage, and reports grpo's and trace's too
         assert 0 <= esr["trajectories"] <= 1 and 0 <= esr["tokens"] <= 1
-        assert esr["advantage"] == ("grpo" if name == "grpo" else "trace")
+        assert esr["advantage"] == "grpo"  # every row here runs with grpo's advantage, trace's default included
         assert set(figs["effective_sample_ratio_by_advantage"]) == {"grpo", "trace", "treerl", "tree_grpo"}
         assert len(figs["steps"]) == 3
         assert 0 < figs["trajectories"] <= 64 and figs["tokens"] > 0 and figs["ms_per_step"] >= 0
@@ -85,14 +85,14 @@ def test_component_spec_options():
 
 def test_bench_predictor_choices_reach_the_allocators():
     cfg = BenchConfig(allocators=["knapsack", "knapsack:predictor=hashed", "pcl"], steps=4, prompts=16, trajectories=40, tasks=32,
-                      predictor="hashed:counts=false")
+                      predictor="hashed:counts=true")
     res = run_bench(cfg)["allocators"]
     # --predictor replaces each allocator's own, and the row says so; an allocator's predictor= option wins over both
-    assert list(res) == ["knapsack[pred=hashed:counts=false]", "knapsack:predictor=hashed", "pcl[pred=hashed:counts=false]"]
-    assert res["knapsack[pred=hashed:counts=false]"]["predictor"] == "hashed:counts=false"
-    assert res["pcl[pred=hashed:counts=false]"]["predictor"] == "hashed:counts=false"
+    assert list(res) == ["knapsack[pred=hashed:counts=true]", "knapsack:predictor=hashed", "pcl[pred=hashed:counts=true]"]
+    assert res["knapsack[pred=hashed:counts=true]"]["predictor"] == "hashed:counts=true"
+    assert res["pcl[pred=hashed:counts=true]"]["predictor"] == "hashed:counts=true"
     assert res["knapsack:predictor=hashed"]["predictor"] == "hashed"
-    a, b = res["knapsack[pred=hashed:counts=false]"], res["knapsack:predictor=hashed"]
+    a, b = res["knapsack[pred=hashed:counts=true]"], res["knapsack:predictor=hashed"]
     assert a["effective_ratio"] != b["effective_ratio"] or a["brier"] != b["brier"]
 
 
@@ -103,7 +103,8 @@ def test_row_labels_never_hide_an_override():
     assert row_label("trace", predictor="beta") == "trace[pred=beta]"
     assert row_label("trace", predictor="hashed") == "trace"  # trace's own predictor: the plain name is accurate
     assert row_label("grpo", predictor="beta") == "grpo"  # grpo uses no predictor: nothing replaced
-    assert row_label("trace", advantage="grpo") == "trace[adv=grpo]"
+    assert row_label("trace", advantage="trace") == "trace[adv=trace]"
+    assert row_label("trace", advantage="grpo") == "trace"  # trace's own advantage
     assert row_label("trace:predictor=beta", predictor="hashed") == "trace:predictor=beta"  # the spec's own option wins
     assert row_label("trace", predictor="beta", advantage="tree_grpo", base="TRACE") == "TRACE[pred=beta][adv=tree_grpo]"
 
@@ -114,3 +115,32 @@ def test_difficulty_file_is_accepted(tmp_path):
     result = run_bench(BenchConfig(allocators=["grpo"], difficulty=str(path), steps=1, prompts=16, trajectories=32, tasks=30))
     assert result["config"]["difficulty"] == str(path)
     assert 0 < result["allocators"]["grpo"]["effective_ratio"] < 1
+
+
+def _grid_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "ablation_grid.py"
+    spec = importlib.util.spec_from_file_location("ablation_grid", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_ablation_grid_covers_every_cell_and_scores_by_hand():
+    g = _grid_module()
+    cells = g.grid_cells(("beta", "hashed"))
+    # 3 x 4 stage pairs; the two that use no predictor (uniform roots, no or uniform stage 2) appear once
+    assert len(cells) == 10 * 2 + 2
+    assert len({c["label"] for c in cells}) == len(cells)
+    by = {(c["stage1"], c["stage2"], c["predictor"]): c["spec"] for c in cells}
+    assert by[("paper", "tree", "beta")] == {"name": "trace", "kwargs": {"stage1": "paper", "stage2": "active", "scope": "tree",
+                                                                          "predictor": "beta"}}
+    assert by[("uniform", "none", None)]["kwargs"] == {"stage1": "uniform", "stage2": "none"}
+    assert g.baseline_spec("pcl[pred=hashed:counts=true]") == {"name": "pcl", "kwargs": {"predictor": "hashed:counts=true"}}
+    curve = [{"test_success": 0.4, "tokens": 0}, {"test_success": 0.5, "tokens": 100}, {"test_success": 0.7, "tokens": 200}]
+    assert g.reach(curve, 0.6, "tokens") == pytest.approx(150.0)
+    assert g.reach(curve, 0.8, "tokens") == float("inf")
+    mean, half = g.interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(4.303 * 1.0 / 3 ** 0.5)

@@ -386,11 +386,12 @@ def test_bayes_filter_equals_brute_force_posterior():
         assert last_observation_score(forest.text[i]) == {CAT_PROGRESS: 1.0, CAT_ERROR: 0.0, CAT_NEUTRAL: 0.5}[int(info["category"][i])]
 
 
-def test_normalised_learning_steps_ignore_the_advantages_scale():
+def test_normalised_learning_steps_ignore_the_advantages_scale_and_charge_for_waste():
     world = ContrastLabWorld(32, n_test=8, seed=1)
     forest = Forest()
     add_candidates(forest, world.candidates(np.arange(32)))
-    ContrastLabSim(world, seed=1).rollout(forest, np.repeat(forest.root_nodes.astype(np.int64), 8))
+    sim = ContrastLabSim(world, seed=1)
+    sim.rollout(forest, np.repeat(forest.root_nodes.astype(np.int64), 8))
     adv = forest.advantages("grpo")
     skills = {}
     for normalize in (True, False):
@@ -400,6 +401,14 @@ def test_normalised_learning_steps_ignore_the_advantages_scale():
             skills[normalize, scale] = (w.skill.copy(), w.shared_skill)
     assert np.allclose(skills[True, 1.0][0], skills[True, 10.0][0]) and skills[True, 1.0][1] == pytest.approx(skills[True, 10.0][1])
     assert not np.allclose(skills[False, 1.0][0], skills[False, 10.0][0])
-    moved = skills[True, 1.0][0] - world.skill
-    touched = moved != 0
-    assert np.sqrt(np.mean(moved[touched] ** 2)) == pytest.approx(0.5)  # RMS lr over the tasks it touches
+    # by hand: the shared step is the mean of A (c - q) over every generated turn, A at unit RMS where non-zero
+    info = sim.node_info(forest)
+    task = np.array([world.index_of(t) for t in forest.task_ids])[forest.tree]
+    nz = np.flatnonzero((forest.depth > 0) & (adv != 0))
+    a = adv[nz] / np.sqrt(np.mean(adv[nz] ** 2))
+    g = a * (info["correct"][nz] - world.q[task[nz], forest.depth[nz]])
+    turns = np.count_nonzero(forest.depth > 0)
+    assert skills[True, 1.0][1] - world.shared_skill == pytest.approx(0.5 * g.sum() / turns)
+    per_task = np.zeros(world.skill.size)
+    np.add.at(per_task, task[nz], g)
+    assert np.allclose(skills[True, 1.0][0] - world.skill, 0.5 * per_task)

@@ -186,10 +186,10 @@ def test_hashed_beats_a_constant_on_held_out_histories():
 
 
 def test_hashed_state_round_trip_and_bad_targets():
-    h = trace_gym.make_predictor("hashed", bits=12)
+    h = trace_gym.make_predictor("hashed", bits=12, counts=True)
     hist = [History("t/1", "a hard job", steps=("tool error: step 1",), max_turns=3), History("t/2", "an easy job", max_turns=2)]
     h.update(hist, np.array([0.0, 1.0]))
-    clone = trace_gym.make_predictor("hashed", bits=12)
+    clone = trace_gym.make_predictor("hashed", bits=12, counts=True)
     clone.load_state_dict(h.state_dict())
     assert clone.predict(hist).tolist() == h.predict(hist).tolist()
     assert h.predict(hist)[0] < 0.5 < h.predict(hist)[1]
@@ -211,7 +211,7 @@ def _child(task, prompt="a job", step="progress"):
 
 
 def test_hashed_root_counts_by_hand():
-    h = trace_gym.make_predictor("hashed", bits=12, prior_strength=3.0)
+    h = trace_gym.make_predictor("hashed", bits=12, prior_strength=3.0, counts=True)
     a, b = _root("t/a"), _root("t/b")
     # a's tree: V_hat 0.75 over 8 leaves, from 4 bare rollouts (4 depth-1 children): evidence 4, not 8
     hist = [a, *[_child("t/a", step=f"s{k}") for k in range(4)]]
@@ -237,7 +237,7 @@ def test_hashed_root_counts_by_hand():
 
 
 def test_hashed_count_decay_forgets_old_outcomes():
-    h = trace_gym.make_predictor("hashed", bits=12, prior_strength=1.0, count_decay=0.5)
+    h = trace_gym.make_predictor("hashed", bits=12, prior_strength=1.0, count_decay=0.5, counts=True)
     a, other = _root("t/a"), _root("t/z", "another job")
     h.update([a], np.array([1.0]), np.array([4.0]))
     assert h.predict_beta([a])[1][0] == pytest.approx(1.0 + 4.0)
@@ -261,7 +261,7 @@ def test_hashed_learns_the_prior_strength_from_the_counts(concentration, low, hi
     rng = np.random.default_rng(0)
     n_prompts = 400
     p = rng.beta(concentration / 2, concentration / 2, size=n_prompts)
-    h = trace_gym.make_predictor("hashed", bits=10)
+    h = trace_gym.make_predictor("hashed", bits=10, counts=True)
     assert h.strength() == 2.0  # nothing seen yet: a uniform Beta at 1/2
     for _ in range(6):
         idx = rng.choice(n_prompts, size=100, replace=False)
@@ -276,11 +276,11 @@ def test_hashed_learns_the_prior_strength_from_the_counts(concentration, low, hi
 
 
 def test_hashed_counts_survive_a_checkpoint():
-    h = trace_gym.make_predictor("hashed", bits=12)
+    h = trace_gym.make_predictor("hashed", bits=12, counts=True)
     hist = [_root("t/a"), _child("t/a"), _child("t/a", step="tool error")]
     h.update(hist, np.array([0.5, 1.0, 0.0]), np.array([2.0, 1.0, 1.0]))
     h.update([_root("t/b")], np.array([1.0]), np.array([3.0]))
-    clone = trace_gym.make_predictor("hashed", bits=12)
+    clone = trace_gym.make_predictor("hashed", bits=12, counts=True)
     clone.load_state_dict(h.state_dict())
     probe = [_root("t/a"), _root("t/b"), _root("t/c"), _child("t/a")]
     for x, y in zip(clone.predict_beta(probe), h.predict_beta(probe)):
@@ -288,6 +288,6 @@ def test_hashed_counts_survive_a_checkpoint():
     assert clone.strength() == h.strength()
     # a checkpoint from before the counts existed loads with none
     old = {k: v for k, v in h.state_dict().items() if k not in ("root_counts", "strength_loglik", "n_root_updates")}
-    legacy = trace_gym.make_predictor("hashed", bits=12)
+    legacy = trace_gym.make_predictor("hashed", bits=12, counts=True)
     legacy.load_state_dict(old)
     assert legacy.root_counts == {} and legacy.predict(probe[:1]).tolist() == legacy.predict_shared(probe[:1]).tolist()

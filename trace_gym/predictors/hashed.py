@@ -16,8 +16,8 @@ turn text. Training is weighted logistic regression on (H, V_hat) pairs with Ada
 from the current weights); sample weights are normalised to mean 1 within a call.
 Prediction and training run in numba over a CSR matrix of feature ids.
 
-Empirical-Bayes root counts (``counts=True``, the default)
-----------------------------------------------------------
+Empirical-Bayes root counts (``counts=True``; off by default)
+------------------------------------------------------------
 
 The predictor keeps, per prompt (``History.task_id``), the outcome counts of its roots. An
 update holding a root history of backed-up value ``V_hat`` adds ``S += K V_hat`` successes
@@ -139,7 +139,11 @@ class HashedPredictor(Predictor):
         seed: seeds the shuffling.
         max_cache: feature-cache entries kept before the cache is cleared.
         counts: combine each prompt's own root outcomes with the shared model's prediction
-            (empirical Bayes, see the module docstring); False gives the plain shared model.
+            (empirical Bayes, see the module docstring); False (the default) gives the plain
+            shared model. The counts assume a fixed policy: they sharpen the prediction of a
+            frozen policy's prompts, but in training their outcomes go stale as the policy
+            improves, and every measured training run learned faster without them (the
+            README's "Design notes").
         prior_strength: fixes the prior strength ``s`` of the root counts (None: learned
             by the counts' prequential likelihood).
         count_decay: factor in (0, 1] applied to every prompt's counts per update (1: keep
@@ -149,7 +153,7 @@ class HashedPredictor(Predictor):
     name = "hashed"
 
     def __init__(self, bits: int = 18, lr: float = 0.1, l2: float = 1e-6, epochs: int = 2, seed: int = 0,
-                 max_cache: int = 200_000, counts: bool = True, prior_strength: float | None = None,
+                 max_cache: int = 200_000, counts: bool = False, prior_strength: float | None = None,
                  count_decay: float = 1.0):
         if not 8 <= bits <= 26:
             raise ValueError(f"bits must be in [8, 26], got {bits}")

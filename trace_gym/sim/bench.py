@@ -5,7 +5,9 @@ same world (``trace_gym/ContrastLab-v0`` with the bench's settings), the same ca
 prompts at each step, the same budget and seed, its own predictor and advantage (the
 allocator's own unless the bench names one for all), one :class:`~trace_gym.step.Step` per
 step on the simulator's fast path. In learning mode (``learn > 0``) the simulated policy
-also takes a REINFORCE step on the forest's advantages after each step.
+also takes a REINFORCE step on the forest's advantages after each step
+(:class:`~trace_gym.sim.learning.SimLearning` with ``lr = learn``, ``shared_lr`` and
+``normalize``: scale-free and charged for waste by default).
 
 Figures per allocator (means over steps unless noted):
 
@@ -64,7 +66,9 @@ class BenchConfig:
     """What the bench runs. ``trajectories`` is M and ``prompts`` B (as in
     :class:`~trace_gym.run.BudgetSpec`); ``tasks`` the train tasks of the world (a quarter as
     many held-out ones); ``world`` other :class:`~trace_gym.sim.world.ContrastLabWorld`
-    settings; ``predictor``/``advantage`` None: each allocator's own."""
+    settings; ``predictor``/``advantage`` None: each allocator's own; ``learn``,
+    ``shared_lr``, ``normalize``: the learning mode's step (``learn = 0``: a frozen policy);
+    ``eval_prompts``/``eval_rollouts``: the size of the one evaluation set."""
 
     allocators: list[str] = field(default_factory=lambda: DEFAULT_ALLOCATORS.split(","))
     difficulty: str = DEFAULT_DIFFICULTY

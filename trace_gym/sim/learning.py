@@ -13,12 +13,15 @@ from trace_gym.sim.world import ContrastLabWorld
 class SimLearning:
     """A :class:`~trace_gym.step.PolicyUpdate`: ``world.reinforce(forest, advantages)`` with
     learning rate ``lr`` on each task's skill and ``shared_lr`` on the skill shared by all
-    tasks (which moves held-out tasks too). ``normalize`` (the default) scales each step to
-    RMS ``lr`` over the tasks it touches (:meth:`~trace_gym.sim.world.ContrastLabWorld.reinforce`):
-    trainers of real models use Adam and clipping, under which an advantage estimator's
-    overall scale hardly changes the step, so a scale-free step compares estimators and
-    allocators by the direction of their gradients; ``normalize=False`` is plain SGD, where an
-    estimator with larger advantages simply takes larger steps."""
+    tasks (which moves held-out tasks too). ``normalize`` (the default) makes the step
+    scale-free and charges it for waste (:meth:`~trace_gym.sim.world.ContrastLabWorld.reinforce`):
+    the advantages are scaled to unit RMS over the turns where they are non-zero, as PPO
+    implementations normalise a batch's advantages (trainers of real models use Adam and
+    clipping, under which an estimator's overall scale hardly sets the step), and the shared
+    skill moves by the mean over every generated turn, as a token-mean loss averages over
+    every generated token, so turns without an advantage dilute it. ``normalize=False`` is
+    plain SGD, where an estimator with larger advantages simply takes larger steps and the
+    shared step averages over the turns with an advantage only."""
 
     def __init__(self, world: ContrastLabWorld, lr: float = 1.0, shared_lr: float = 0.1, normalize: bool = True):
         self.world = world

@@ -53,10 +53,11 @@ uses the same counts.
 skills from a forest's per-node advantages: for each policy turn with advantage ``A`` that
 chose correctly (``c = 1``) or not (``c = 0``) at turn t, ``skill_i += lr * A * (c - q_it)``
 (the gradient of ``log pi(option)`` with respect to the correct option's logit), and
-``shared_skill`` moves by ``shared_lr`` times the mean of those gradients; with
+``shared_skill`` moves by ``shared_lr`` times the mean of those gradients. With
 ``normalize=True`` (what :class:`~trace_gym.sim.learning.SimLearning` does by default) the
-step is first divided by the RMS of its non-zero per-task gradients, so it moves the skills
-by ``lr`` in RMS whatever the scale of the advantages.
+advantages are first scaled to unit RMS over the turns where they are non-zero, and the
+shared skill moves by the mean over *every* generated turn, so an estimator's overall scale
+does not set its step and turns without an advantage dilute it (a token-mean loss).
 
 **Not modelled.** Turn lengths do not depend on the latent state; a task's difficulty does
 not depend on its length; the policy does not see the latent bit; ``V(H)`` assumes
@@ -376,11 +377,18 @@ class ContrastLabWorld:
                   normalize: bool = False) -> float:
         """One REINFORCE step on the skills from a forest's per-node ``advantages``
         (see the module docstring). Nodes are matched to tasks by ``forest.task_ids`` and to
-        the option chosen by their text. ``normalize=True`` divides the step by the root mean
-        square of its non-zero per-task gradients, so every step moves the skills it touches
-        by ``lr`` in RMS whatever the advantages' overall scale (an estimator then wins by the
-        direction of its gradient, not by its size, as under Adam). Returns the mean absolute
-        per-task gradient (before normalisation)."""
+        the option chosen by their text. Returns the mean absolute per-task gradient.
+
+        ``normalize=False``: plain SGD, ``skill_i += lr * sum_i A (c - q)`` over the task's
+        nodes and ``shared += shared_lr * mean A (c - q)`` over the nodes with a non-zero
+        advantage; an estimator's overall scale is then its step size.
+
+        ``normalize=True``: the advantages are first divided by their root mean square over
+        the nodes where they are non-zero (scale-free, as PPO implementations normalise a
+        batch's advantages), and the shared skill moves by ``shared_lr`` times the mean of
+        ``A (c - q)`` over *every* generated turn of the forest (as a token-mean loss averages
+        over every generated token: turns without an advantage dilute the step, so wasted
+        samples cost learning). Per-task steps are sums over the task's turns as above."""
         adv = np.asarray(advantages, dtype=np.float64)
         if adv.shape != (len(forest),):
             raise ValueError(f"advantages must have one value per node ({len(forest)}), got shape {adv.shape}")
@@ -397,17 +405,20 @@ class ContrastLabWorld:
                 chosen[k] = self.options.find(m.group(1) or m.group(2))
         col = np.minimum(depth, self.max_turns)
         hit = (chosen == self.correct[task, col]).astype(np.float64)
-        g = adv[nodes] * (hit - self.q[task, col])
+        a = adv[nodes]
+        if normalize:
+            a = a / float(np.sqrt(np.mean(a**2)))
+        g = a * (hit - self.q[task, col])
         grad = np.zeros(self.skill.size)
         np.add.at(grad, task, g)
-        touched = np.unique(task)
-        scale = 1.0
+        self.skill += lr * grad
         if normalize:
-            rms = float(np.sqrt(np.mean(grad[touched] ** 2)))
-            scale = 1.0 / rms if rms > 0 else 0.0
-        self.skill += lr * scale * grad
-        self.shared_skill += shared_lr * scale * float(g.mean())
+            turns = int(np.count_nonzero(forest.depth > 0))
+            self.shared_skill += shared_lr * float(g.sum()) / max(turns, 1)
+        else:
+            self.shared_skill += shared_lr * float(g.mean())
         self._refresh()
+        touched = np.unique(task)
         return float(np.abs(grad[touched]).mean())
 
 
