@@ -9,8 +9,10 @@ before rollout with probability
 
 (``z_i = 0``: never skipped; a mixed group resets ``z_i`` to 0). The exploration
 probabilities adapt after every step: with ``alpha`` the target share of zero-variance groups
-(split as in the paper's released configuration: ``alpha / 3`` all-correct and
-``2 alpha / 3`` all-wrong), each ``p`` moves by ``delta_p`` down when its kind of
+(``alpha / 3`` all-correct and ``2 alpha / 3`` all-wrong: this split, the defaults
+``p_easy = p_hard = 0.5``, ``alpha = 0.25`` and ``delta_p = 0.01`` follow the authors' training
+scripts and a public re-implementation, not the paper's own code), each ``p`` moves by
+``delta_p`` down when its kind of
 zero-variance group exceeded its target share of the step's groups (skip more) and up
 otherwise, within ``[delta_p, 1]``.
 

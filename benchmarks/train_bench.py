@@ -155,9 +155,9 @@ def report(name: str, cmp: dict[str, Any], seconds: float) -> list[str]:
 
 CL_VARIANTS = {
     # name: overrides; "grpo" is the baseline every other variant is compared with
-    "grpo": ["allocator.name=grpo", "loss.advantage=grpo"],
-    "trace": ["allocator.name=trace", "loss.advantage=trace"],
-    "trace+tree_grpo": ["allocator.name=trace", "loss.advantage=tree_grpo"],
+    "grpo": ["allocator.name=grpo", "advantage=grpo"],
+    "trace": ["allocator.name=trace", "advantage=trace"],
+    "trace+tree_grpo": ["allocator.name=trace", "advantage=tree_grpo"],
 }
 
 
@@ -209,7 +209,7 @@ def quick(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str
     jobs = []
     extra = [f"steps={args.steps}"] if args.steps else []
     for seed in args.seeds:
-        for alloc, over in (("trace", []), ("grpo", ["allocator.name=grpo", "loss.advantage=grpo"])):
+        for alloc, over in (("trace", []), ("grpo", ["allocator.name=grpo", "advantage=grpo"])):
             d = out / f"quick-{alloc}-s{seed}"
             if d.exists():
                 import shutil
