@@ -136,6 +136,60 @@ def test_ranking_follows_effective_sample_ratio(runs):
     assert [l.split("|")[2].strip() for l in lines[1:]] == [row.allocator for row in group.rows]
 
 
+def test_contrastlab_rows_share_one_evaluation_set_roots_and_prefixes_apart(tmp_path):
+    """Two allocators with predictors on ContrastLab are scored, like the bench, on the same
+    evaluation set (the same nodes of each seed), roots and prefixes reported apart; the
+    table shows these columns, not the own-node figures, and names the Bayes-optimal AUC."""
+    from trace_gym.sim.evaluation import evaluation_set
+    from trace_gym.sim.world import ContrastLabWorld
+
+    suite = write_suite(tmp_path / "s.yaml", suite_dict("shared", seeds=(0, 1), steps=2, allocators=["trace", "pcl", "grpo"]))
+    assert run_cli("run", suite, "--out", tmp_path / "out", "--no-progress") == 0
+    records = [lr.record for lr in load_records([tmp_path / "out"])]
+    for seed in (0, 1):
+        es = evaluation_set(ContrastLabWorld(seed=seed))  # the set the bench would build for this world
+        finals = {r.allocator: r.final for r in records if r.seed == seed}
+        assert set(finals) == {"trace", "pcl", "grpo"}
+        for f in finals.values():  # the same nodes for every row, a predictor or none
+            assert (f["eval_roots"], f["eval_prefixes"]) == (es.roots.size, es.prefixes.size)
+            assert f["bayes_auc_prefix"] == pytest.approx(es.references()["bayes"]["prefixes"]["auc"])
+            assert not {"auc", "brier", "ece"} & set(f)  # own-node figures stay in the steps only
+        for name in ("trace", "pcl"):
+            f = finals[name]
+            assert 0.5 < f["auc_prefix"] <= 1.0 and 0.5 < f["auc_root"] <= 1.0
+            assert 0.0 <= f["brier_prefix"] <= 1.0 and 0.0 <= f["brier_root"] <= 1.0
+            assert f["auc_prefix"] != f["auc_root"]
+        assert finals["trace"]["auc_prefix"] != finals["pcl"]["auc_prefix"]
+        assert finals["grpo"]["auc_prefix"] is None and finals["grpo"]["auc_root"] is None
+    assert all(s.metrics["auc"] is not None for r in records if r.allocator == "trace" for s in r.steps)
+    md = (tmp_path / "out" / "leaderboard.md").read_text()
+    head = next(line for line in md.splitlines() if line.startswith("| rank"))
+    assert "AUC prefixes (eval set)" in head and "AUC roots (eval set)" in head and "Brier prefixes (eval set) ↓" in head
+    assert "own nodes" not in head
+    assert "eval set: one per seed, shared by every row" in md and "Bayes-optimal AUC on it" in md
+
+
+def test_own_node_calibration_is_labelled_as_such(runs):
+    """Records whose calibration is over the nodes each row chose (other envs; ContrastLab
+    records written before the shared evaluation set) still load and render, under headers
+    that say so."""
+    from trace_gym.leaderboard.records import make_record
+    from trace_gym.leaderboard.render import render_markdown
+
+    old = []
+    for lr in load_records([runs["b"]]):
+        data = lr.record.model_dump(mode="python")
+        for k in ("schema_", "created", "digest"):
+            data.pop(k)
+        final = {k: v for k, v in data["final"].items() if not k.startswith(("auc_", "brier_", "bayes_", "eval_"))}
+        data["final"] = {**final, "brier": 0.2, "ece": 0.05, "auc": 0.9 if lr.record.predictor else None}
+        old.append(type(lr)(make_record(**data), lr.where))
+    md = render_markdown(rank(old))
+    head = next(line for line in md.splitlines() if line.startswith("| rank"))
+    assert "AUC (own nodes)" in head and "Brier (own nodes) ↓" in head and "eval set" not in head
+    assert "do not compare between rows" in md and "Bayes-optimal" not in md
+
+
 def test_equal_scores_share_a_rank(runs, tmp_path):
     lines = (runs["b"] / "records.jsonl").read_text().splitlines()
     tied = []

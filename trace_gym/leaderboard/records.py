@@ -37,12 +37,20 @@ RANK_METRIC = {"allocation": "effective_sample_ratio/grpo", "training": "accurac
 """The final metric each track kind ranks by (higher is better)."""
 
 TABLE_METRICS = {
-    "allocation": ["effective_sample_ratio/grpo", "effective_sample_ratio", "effective_ratio", "effective_token_ratio", "brier", "ece", "auc"],
+    "allocation": ["effective_sample_ratio/grpo", "effective_sample_ratio", "effective_ratio", "effective_token_ratio",
+                   "auc_prefix", "auc_root", "brier_prefix", "brier_root", "brier", "ece", "auc"],
     "training": ["accuracy", "accuracy_gain", "pass_at_k", "effective_ratio", "effective_sample_ratio", "reward_mean"],
 }
-"""Final metrics shown in leaderboard tables, per track kind (absent ones are skipped)."""
+"""Final metrics shown in leaderboard tables, per track kind (absent ones are skipped).
+Calibration comes in two kinds: ``auc_prefix``/``auc_root``/``brier_prefix``/``brier_root``,
+the predictor after its run on an evaluation set every row of the env and seed shares
+(ContrastLab; records also carry the set's Bayes-optimal ``bayes_auc_*`` and its node counts
+``eval_prefixes``/``eval_roots``), and ``brier``/``ece``/``auc``, over the nodes each row
+predicted during its run (other envs, and ContrastLab records written before the shared set):
+rows choose their own nodes, so those are labelled "own nodes" and are not comparable
+between rows."""
 
-LOWER_IS_BETTER = {"brier", "ece"}
+LOWER_IS_BETTER = {"brier", "ece", "brier_prefix", "brier_root"}
 
 
 class RecordError(ValueError):

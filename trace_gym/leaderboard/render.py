@@ -22,9 +22,13 @@ METRIC_LABELS = {
     "effective_sample_ratio": "eff. sample ratio (own adv.)",
     "effective_ratio": "eff. ratio",
     "effective_token_ratio": "eff. token ratio",
-    "brier": "Brier",
-    "ece": "ECE",
-    "auc": "AUC",
+    "auc_prefix": "AUC prefixes (eval set)",
+    "auc_root": "AUC roots (eval set)",
+    "brier_prefix": "Brier prefixes (eval set)",
+    "brier_root": "Brier roots (eval set)",
+    "brier": "Brier (own nodes)",
+    "ece": "ECE (own nodes)",
+    "auc": "AUC (own nodes)",
     "accuracy": "held-out acc.",
     "accuracy_gain": "acc. gain",
     "pass_at_k": "pass@k",
@@ -96,7 +100,11 @@ LEGEND = {
     "effective_sample_ratio": "eff. sample ratio (own adv.): share of trajectories with a non-zero advantage under the row's advantage estimator (adv.)",
     "effective_token_ratio": "eff. token ratio: the same share of generated policy tokens",
     "effective_ratio": "eff. ratio: share of sampled prompts whose tree holds both a success and a failure",
-    "brier": "Brier, ECE, AUC: calibration of the row's predictor against outcomes (n/a: it has none)",
+    "auc_prefix": "AUC and Brier prefixes/roots (eval set): the row's predictor after its run, on the same histories for "
+                  "every row, prefixes (non-terminal inner nodes) and roots apart, against the exact V (n/a: it has none; "
+                  "oracle rows are scored with the exact V)",
+    "brier": "Brier, ECE, AUC (own nodes): the row's predictor against outcomes on the nodes it predicted during its run; "
+             "each row chose its own nodes, so these do not compare between rows (n/a: it has none)",
     "accuracy": "held-out acc.: mean@k on held-out tasks after the last step",
     "accuracy_gain": "acc. gain: held-out acc. minus that of the starting policy",
     "pass_at_k": "pass@k: share of held-out tasks solved at least once in k samples",
@@ -104,9 +112,54 @@ LEGEND = {
 }
 
 
+_LEGEND_ALIASES = {"auc_root": "auc_prefix", "brier_prefix": "auc_prefix", "brier_root": "auc_prefix", "ece": "brier",
+                   "auc": "brier"}
+"""Metrics explained by another one's legend entry."""
+
+
+def _span(values: Sequence[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:,.0f}" if lo == hi else f"{lo:,.0f}-{hi:,.0f}"
+
+
+def evaluation_set_line(group: Group) -> str | None:
+    """What a group's shared evaluation set was (from its records' ``eval_*`` and
+    ``bayes_auc_*`` finals): its size per seed and its Bayes-optimal AUC, or a warning when
+    records of one seed were scored on different sets. None when no record has one."""
+    per_seed: dict[int, set[tuple]] = {}
+    for row in group.rows:
+        for lr in row.records:
+            f = lr.record.final
+            if f.get("eval_roots") is not None:
+                per_seed.setdefault(lr.record.seed, set()).add(
+                    (f["eval_roots"], f.get("eval_prefixes"), f.get("bayes_auc_prefix"), f.get("bayes_auc_root")))
+    if not per_seed:
+        return None
+    if any(len(sets) > 1 for sets in per_seed.values()):
+        return ("eval set: rows of one seed were scored on different evaluation sets (records from other versions or "
+                "settings): compare their AUC and Brier with care")
+    sets = [next(iter(v)) for v in per_seed.values()]
+    line = (f"eval set: one per seed, shared by every row ({_span([s[0] for s in sets])} roots and "
+            f"{_span([s[1] for s in sets if s[1] is not None] or [0])} prefixes per seed)")
+    bayes = [s[2] for s in sets if s[2] is not None], [s[3] for s in sets if s[3] is not None]
+    if bayes[0]:
+        line += ("; Bayes-optimal AUC on it (the most a predictor given the history can reach; oracle rows, scored "
+                 f"with the exact V, may exceed it): {np.mean(bayes[0]):.3f} prefixes"
+                 + (f" / {np.mean(bayes[1]):.3f} roots" if bayes[1] else ""))
+    return line
+
+
 def legend_line(group: Group) -> str:
-    """One line that explains every abbreviation of a group's table."""
-    parts = [LEGEND[m] for m in _metrics(group) if m in LEGEND]
+    """One line that explains every abbreviation of a group's table (with the group's shared
+    evaluation set and its Bayes-optimal AUC, where it has one)."""
+    parts = []
+    for m in _metrics(group):
+        entry = LEGEND.get(_LEGEND_ALIASES.get(m, m))
+        if entry and entry not in parts:
+            parts.append(entry)
+    evaluation = evaluation_set_line(group) if {"auc_prefix", "auc_root", "brier_prefix", "brier_root"} & set(_metrics(group)) else None
+    if evaluation:
+        parts.append(evaluation)
     if "effective_sample_ratio" not in _metrics(group):
         parts.insert(0, "adv.: the advantage estimator of the row's trajectories")
     parts += ["↓: lower is better", "x ± y: mean ± standard deviation over seeds",
@@ -326,5 +379,5 @@ def write_leaderboard(groups: Sequence[Group], out_dir: Path, *, title: str = "t
     return {"markdown": md, "html": page, **{p.stem: p for p in plots}}
 
 
-__all__ = ["LEGEND", "METRIC_LABELS", "PLOTS", "legend_line", "plot_accuracy", "plot_effective_ratio", "render_html", "render_markdown",
+__all__ = ["LEGEND", "METRIC_LABELS", "PLOTS", "evaluation_set_line", "legend_line", "plot_accuracy", "plot_effective_ratio", "render_html", "render_markdown",
            "rich_tables", "write_leaderboard", "write_plots"]

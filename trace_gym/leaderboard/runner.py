@@ -3,9 +3,12 @@ for each, with progress bars throughout.
 
 Allocation track: each row (env x allocator x seed) is one :class:`~trace_gym.run.RunSpec`
 (:func:`row_spec`) run for ``steps`` steps of :class:`~trace_gym.step.Step` on the track's
-rollout source; the policy is fixed. Training tracks add a policy update to each step (the
-simulator's learning mode, or the trainer) and log held-out accuracy against trajectories
-and tokens spent.
+rollout source; the policy is fixed. Its predictor's calibration is then scored on an
+evaluation set every row of the same env and seed shares, where the env has one (ContrastLab:
+:mod:`trace_gym.sim.evaluation`, as the bench scores it; :func:`register_shared_evaluation`),
+and otherwise only over the nodes the row predicted itself (not comparable between rows).
+Training tracks add a policy update to each step (the simulator's learning mode, or the
+trainer) and log held-out accuracy against trajectories and tokens spent.
 
 A *rollout source* (:class:`trace_gym.step.RolloutSource`) is registered by policy backend
 name with :func:`register_source` (``sim`` for ContrastLab's simulated policy; the trainers
@@ -184,10 +187,65 @@ def step_record(result: StepResult) -> StepRecord:
 ALLOCATION_FINAL = ("effective_ratio", "effective_sample_ratio", "effective_sample_ratio/grpo", "effective_token_ratio", "brier", "ece",
                     "auc", "allocator_ms")
 
+OWN_NODE_CALIBRATION = ("brier", "ece", "auc")
+"""Final metrics averaged from the steps' ``calibration/*``: the row's predictor on the nodes
+it predicted during its run. Each allocator chooses its own nodes, so they are not comparable
+between rows; a row scored on a shared evaluation set (:func:`register_shared_evaluation`)
+records :data:`SHARED_CALIBRATION` instead (its steps keep these, for diagnosis)."""
+
+SHARED_CALIBRATION = ("auc_prefix", "auc_root", "brier_prefix", "brier_root", "bayes_auc_prefix", "bayes_auc_root",
+                      "eval_prefixes", "eval_roots")
+"""Final metrics of a row scored on its env's shared evaluation set (:func:`calibration_metrics`)."""
+
+SharedEvaluation = Callable[[TrackSpec, EnvEntry, int, Step, dict], "dict[str, float | None] | None"]
+"""``evaluate(track, env, seed, step, cache) -> metrics`` after a row's last step: its
+predictor scored on an evaluation set every row of the same env and seed shares
+(:data:`SHARED_CALIBRATION`), or None where the env has none."""
+
+_EVALUATIONS: dict[str, SharedEvaluation] = {}
+
+
+def register_shared_evaluation(policy: str, evaluate: SharedEvaluation | None = None):
+    """Register the shared-evaluation-set scorer of a policy backend name (the simulator's
+    ``sim``: ContrastLab's :mod:`trace_gym.sim.evaluation`). Usable as a decorator."""
+
+    def _add(f: SharedEvaluation) -> SharedEvaluation:
+        _EVALUATIONS[policy] = f
+        return f
+
+    return _add(evaluate) if evaluate is not None else _add
+
+
+def calibration_metrics(calibration: dict[str, Any] | None, references: dict[str, Any],
+                        roots: int, prefixes: int) -> dict[str, float | None]:
+    """A row's :data:`SHARED_CALIBRATION` metrics from an evaluation set's scores:
+    ``calibration`` as :meth:`trace_gym.sim.evaluation.EvaluationSet.score` returns it (None:
+    the row predicts nothing), ``references`` as
+    :meth:`~trace_gym.sim.evaluation.EvaluationSet.references` (its ``bayes`` AUCs are kept),
+    ``roots``/``prefixes`` the set's node counts."""
+    def part(scores: dict[str, Any] | None, name: str, key: str) -> float | None:
+        return clean_metric(((scores or {}).get(name) or {}).get(key))
+
+    return {"auc_prefix": part(calibration, "prefixes", "auc"), "auc_root": part(calibration, "roots", "auc"),
+            "brier_prefix": part(calibration, "prefixes", "brier"), "brier_root": part(calibration, "roots", "brier"),
+            "bayes_auc_prefix": part(references.get("bayes"), "prefixes", "auc"),
+            "bayes_auc_root": part(references.get("bayes"), "roots", "auc"),
+            "eval_prefixes": float(prefixes), "eval_roots": float(roots)}
+
+
+def shared_calibration(track: TrackSpec, env: EnvEntry, seed: int, step: Step, cache: dict) -> dict[str, float | None] | None:
+    """The row's predictor scored by the scorer registered for ``track.policy.name`` (None:
+    none registered, or the env has no shared evaluation set)."""
+    _load_builtin_sources()
+    evaluate = _EVALUATIONS.get(track.policy.name)
+    return None if evaluate is None else evaluate(track, env, seed, step, cache)
+
 
 def run_allocation(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed: int, cache: dict,
                    on_step: Callable[[int], None] | None = None) -> RunResult:
-    """One allocation-track run: ``track.steps`` steps of the row's :class:`~trace_gym.step.Step`."""
+    """One allocation-track run: ``track.steps`` steps of the row's :class:`~trace_gym.step.Step`.
+    Where the env has a shared evaluation set (ContrastLab), the predictor is then scored on
+    it (:data:`SHARED_CALIBRATION`) in place of the own-node :data:`OWN_NODE_CALIBRATION`."""
     t0 = time.perf_counter()
     step = allocation_step(track, env, alloc, seed, cache)
     steps: list[StepRecord] = []
@@ -195,9 +253,15 @@ def run_allocation(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
         steps.append(step_record(step.run(i)))
         if on_step:
             on_step(i)
+    final = mean_metrics(steps, ALLOCATION_FINAL)
+    shared = shared_calibration(track, env, seed, step, cache)
+    if shared is not None:
+        for k in OWN_NODE_CALIBRATION:
+            final.pop(k, None)
+        final.update(shared)
     if hasattr(step.source, "finish"):
         step.source.finish()
-    return RunResult(steps=steps, final=mean_metrics(steps, ALLOCATION_FINAL), wall_s=time.perf_counter() - t0)
+    return RunResult(steps=steps, final=final, wall_s=time.perf_counter() - t0)
 
 
 def resolve_predictor(track: TrackSpec, alloc: AllocatorEntry) -> ComponentSpec | None:
@@ -482,7 +546,8 @@ def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, res
 
 
 __all__ = [
-    "ALLOCATION_FINAL", "EARLIER_FILE", "RolloutSource", "SuiteRecords", "allocation_step", "move_aside",
+    "ALLOCATION_FINAL", "EARLIER_FILE", "OWN_NODE_CALIBRATION", "RolloutSource", "SHARED_CALIBRATION", "SuiteRecords",
+    "allocation_step", "calibration_metrics", "move_aside", "register_shared_evaluation", "shared_calibration",
     "read_record_file", "sort_records", "row_spec", "step_record", "RunPlan", "RunResult", "TRAINING_FINAL", "eval_steps",
     "git_commit", "mean_metrics", "preflight", "make_source", "package_versions", "plan_suite",
     "register_source", "register_training_runner", "resolve_advantage", "resolve_predictor", "row_config", "run_allocation", "run_suite", "run_training",

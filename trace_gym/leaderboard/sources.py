@@ -4,6 +4,10 @@
   with the simulated policy, at scale (thousands of trajectories per step in milliseconds).
   The track's env kwargs are :class:`~trace_gym.sim.world.ContrastLabWorld` arguments
   (``difficulty``, ``n_tasks`` ...); the world's seed is the run's seed.
+* ``sim`` shared evaluation: after an allocation run, its predictor is scored on ContrastLab's
+  one evaluation set (:func:`trace_gym.sim.evaluation.evaluation_set`, built once per env and
+  seed, so every row of a seed is scored on the same histories), roots and prefixes apart,
+  exactly as ``trace-gym bench`` scores it (:func:`trace_gym.sim.bench.predictor_calibration`).
 * ``sim`` training runner: ContrastLab's learning mode (:class:`~trace_gym.sim.learning.SimLearning`)
   on top of the same :class:`~trace_gym.step.Step`.
 
@@ -13,6 +17,7 @@ group ``trace_gym.leaderboard``), which can SFT-warm a model first.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -22,8 +27,8 @@ import yaml
 
 from trace_gym.leaderboard.records import EvalPoint
 from trace_gym.leaderboard.runner import (
-    TRAINING_FINAL, RunResult, allocation_step, eval_steps, mean_metrics, register_preflight, register_source,
-    register_training_runner, step_record,
+    TRAINING_FINAL, RunResult, allocation_step, calibration_metrics, eval_steps, mean_metrics, register_preflight,
+    register_shared_evaluation, register_source, register_training_runner, step_record,
 )
 from trace_gym.leaderboard.spec import AllocatorEntry, EnvEntry, SuiteError, TrackSpec
 
@@ -36,6 +41,22 @@ def contrastlab_source(track: TrackSpec, env: EnvEntry, seed: int, cache: dict):
     if env.id != ContrastLabEnv.env_id:
         raise ValueError(f"the sim policy simulates ContrastLab only; track {track.name!r} asks it to play {env.id!r}")
     return SimSource(dict(env.kwargs), seed=seed)
+
+
+@register_shared_evaluation("sim")
+def contrastlab_calibration(track: TrackSpec, env: EnvEntry, seed: int, step: Any, cache: dict) -> dict[str, float | None]:
+    """The row's predictor after its run on ContrastLab's evaluation set for this env and seed
+    (the bench's defaults: 512 train prompts, 4 bare rollouts each, from the set's own stream),
+    built from a fresh world once per track, env and seed and shared by every row of it."""
+    from trace_gym.sim.bench import predictor_calibration
+    from trace_gym.sim.evaluation import evaluation_set
+
+    key = ("evaluation_set", env.id, json.dumps(env.kwargs, sort_keys=True, default=str), seed)
+    if key not in cache:
+        cache[key] = evaluation_set(contrastlab_source(track, env, seed, cache).world)
+    es = cache[key]
+    return calibration_metrics(predictor_calibration(step, es), es.references(), roots=int(es.roots.size),
+                               prefixes=int(es.prefixes.size))
 
 
 def resolve_config_path(path: str) -> Path:

@@ -137,6 +137,18 @@ class BenchConfig:
         })
 
 
+def predictor_calibration(step: Step, eval_set: EvaluationSet) -> dict[str, Any] | None:
+    """The calibration of ``step``'s predictor, in its current state, on ``eval_set``
+    (:meth:`EvaluationSet.score`: roots and prefixes apart, against the exact V): an oracle
+    allocator (``reads_oracle``) is scored with the exact values, a run without a predictor
+    gets ``None``. The bench and the leaderboard's ContrastLab rows both score this way."""
+    if getattr(step.allocator, "reads_oracle", False):
+        return eval_set.score(eval_set.truth[eval_set.roots], eval_set.truth[eval_set.prefixes])
+    if step.predictor is not None:
+        return eval_set.predict(step.predictor)
+    return None
+
+
 def run_allocator(spec: str, world: ContrastLabWorld, config: BenchConfig,
                   on_step: Callable[[], None] | None = None, eval_set: EvaluationSet | None = None) -> dict[str, Any]:
     """Run one allocator for ``config.steps`` steps on ``world``; returns its figures. Its
@@ -184,12 +196,7 @@ def run_allocator(spec: str, world: ContrastLabWorld, config: BenchConfig,
     tail = rows["effective_ratio"][-max(1, len(rows["effective_ratio"]) // 3):]
     if config.learn > 0 or eval_set is None:
         eval_set = evaluation_set(world, config.eval_prompts, config.eval_rollouts)
-    if getattr(step.allocator, "reads_oracle", False):
-        calib = eval_set.score(eval_set.truth[eval_set.roots], eval_set.truth[eval_set.prefixes])
-    elif step.predictor is not None:
-        calib = eval_set.predict(step.predictor)
-    else:
-        calib = None
+    calib = predictor_calibration(step, eval_set)
     own = None
     if p.size:
         a = auc(p, y)
