@@ -489,15 +489,10 @@ def isolation_level() -> str:
 # ----------------------------------------------------------------------------- the probes
 
 
-# Run in the sandbox by isolation_report, after a line that sets FACTS (a JSON object of host
-# facts: paths the host can read, a pid, a port ...): prints, for each probe, whether the host
-# thing stayed out of reach.
-_PROBES = r'''
-import json, os, socket
-facts = json.loads(FACTS)
-result = {}
-
-def reads(path):
+def _readable(path: str) -> bool:
+    """Whether this process can read ``path`` and finds something there (an entry of a folder,
+    a byte of a file). The host asks it of each candidate path; the probes, which get its
+    source, ask it again inside the sandbox."""
     try:
         if os.path.isdir(path):
             return bool(os.listdir(path))
@@ -506,10 +501,19 @@ def reads(path):
     except OSError:
         return False
 
+
+# Run in the sandbox by isolation_report, after a line that sets FACTS (a JSON object of host
+# facts: paths the host can read, a pid, a port ...) and the source of _readable: prints, for
+# each probe, whether the host thing stayed out of reach.
+_PROBES = r'''
+import json, os, socket
+facts = json.loads(FACTS)
+result = {}
+
 for name, path in facts["paths"].items():
-    result[name] = not reads(path)
+    result[name] = not _readable(path)
 result["minimal /"] = set(os.listdir("/")) <= set(facts["root_entries"])
-result["no other processes"] = not reads(f"/proc/{facts['pid']}/environ") and not os.path.exists(f"/proc/{facts['pid']}")
+result["no other processes"] = not _readable(f"/proc/{facts['pid']}/environ") and not os.path.exists(f"/proc/{facts['pid']}")
 try:
     open(facts["outside"], "w").write("x")
     result["no writes outside its folder"] = False
@@ -530,18 +534,9 @@ print(json.dumps(result))
 '''
 
 
-def _host_reads(path: str) -> bool:
-    try:
-        if os.path.isdir(path):
-            return bool(os.listdir(path))
-        with open(path, "rb") as f:
-            return bool(f.read(1))
-    except OSError:
-        return False
-
-
 @lru_cache(maxsize=4)
 def _report_for(level: str) -> dict[str, Any]:
+    import inspect
     import json
 
     import trace_gym
@@ -558,7 +553,7 @@ def _report_for(level: str) -> dict[str, Any]:
         f.write("host")
     candidates["no host /tmp"] = marker
     for name, path in candidates.items():  # only what this host has and can read makes a probe
-        if _host_reads(path):
+        if _readable(path):
             facts["paths"][name] = path
     facts["outside"] = os.path.join(marker_dir, "written")
     server = socket.socket()
@@ -566,7 +561,7 @@ def _report_for(level: str) -> dict[str, Any]:
         server.bind(("127.0.0.1", 0))
         server.listen(1)
         facts["port"] = server.getsockname()[1]
-        run = PythonSandbox(timeout_s=10).run(f"FACTS = {json.dumps(facts)!r}\n" + _PROBES)
+        run = PythonSandbox(timeout_s=10).run(f"FACTS = {json.dumps(facts)!r}\n" + inspect.getsource(_readable) + _PROBES)
         probes: dict[str, bool] | None = None
         if run.ok:
             try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import pytest
 
 pytest.importorskip("fastapi", reason="transformers serve needs the 'serving' extra (transformers[serving])")
 pytest.importorskip("uvicorn", reason="transformers serve needs the 'serving' extra (transformers[serving])")
-httpx = pytest.importorskip("httpx")
+pytest.importorskip("httpx")
 
 import trace_gym  # noqa: E402
 from trace_gym.allocation.allocator import Budget  # noqa: E402
@@ -28,6 +27,7 @@ from trace_gym.policies.base import SamplingParams, make_policy  # noqa: E402
 from trace_gym.rollout.engine import RolloutEngine, RolloutError, TurnRecord, write_jsonl  # noqa: E402
 
 from rollout_checks import Recording, check_exact_prefixes, check_replay  # noqa: E402
+from servers import free_port, wait_until_serving  # noqa: E402
 from shared_smollm2 import smollm2_path  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -37,9 +37,7 @@ class Server:
     """``transformers serve MODEL_DIR`` on a free loopback port, offline."""
 
     def __init__(self, model_dir: str):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                    OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
         self.proc = subprocess.Popen(
@@ -48,19 +46,8 @@ class Server:
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        deadline = time.monotonic() + 120
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"transformers serve exited with {self.proc.returncode}: {self.proc.stderr.read()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError("transformers serve did not come up within 120 s")
-            time.sleep(0.5)
+        wait_until_serving(self.proc, self.url, name="transformers serve", timeout_s=120, poll_s=0.5,
+                           output=lambda: self.proc.stderr.read()[-2000:], stop=self.kill)
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -266,17 +266,10 @@ def test_serve_forever_blocks_until_shutdown_from_another_thread():
 
 def test_client_reads_documents_without_ids_or_scores():
     # Search-R1's BM25 retriever returns {"title", "text", "contents"} documents
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(_QuietHandler):
         def do_POST(self):  # noqa: N802
             self.rfile.read(int(self.headers["Content-Length"]))
-            body = json.dumps({"result": [[{"contents": '"T"\nsome text'}, {"title": "U", "text": "more"}]]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
+            self.reply(200, json.dumps({"result": [[{"contents": '"T"\nsome text'}, {"title": "U", "text": "more"}]]}).encode())
 
     with _serve(Handler) as url, RetrievalClient(url, timeout=5.0) as client:
         hits = client.search("q", 2)
@@ -383,17 +376,28 @@ class _serve:
         self.server.server_close()
 
 
-class _SleepyHandler(BaseHTTPRequestHandler):
-    """Accepts the request, then says nothing for 5 s."""
+class _QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that logs nothing, with :meth:`reply` for a whole answer."""
 
-    def do_POST(self):  # noqa: N802
-        time.sleep(5)
+    def reply(self, status: int, body: bytes) -> None:
+        """Answer ``status`` with ``body`` (and its length)."""
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, *a):
         pass
 
 
-class _TricklingHandler(BaseHTTPRequestHandler):
+class _SleepyHandler(_QuietHandler):
+    """Accepts the request, then says nothing for 5 s."""
+
+    def do_POST(self):  # noqa: N802
+        time.sleep(5)
+
+
+class _TricklingHandler(_QuietHandler):
     """Sends headers at once, then one body byte every 0.3 s (each read succeeds in time)."""
 
     def do_POST(self):  # noqa: N802
@@ -408,20 +412,11 @@ class _TricklingHandler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
-    def log_message(self, *a):
-        pass
-
 
 def _broken(status: int, body: bytes):
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(_QuietHandler):
         def do_POST(self):  # noqa: N802
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
+            self.reply(status, body)
 
     return Handler
 
@@ -479,7 +474,7 @@ def _flaky(failures: int, how: str):
     answer; "close": the connection closes without an answer; an HTTP status such as "503"),
     then answer ``_ANSWER``. ``Handler.seen`` counts the requests."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(_QuietHandler):
         protocol_version = "HTTP/1.1"
         seen = 0
         lock = threading.Lock()
@@ -498,13 +493,7 @@ def _flaky(failures: int, how: str):
                 self.close_connection = True
                 return
             status, body = (int(how), b'{"error": "busy"}') if n <= failures else (200, _ANSWER)
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
+            self.reply(status, body)
 
     return Handler
 

