@@ -10,7 +10,6 @@ two-node ``ray.cluster_utils.Cluster`` test starts its own. Skipped visibly with
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import time
 
@@ -19,39 +18,15 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'trace-gym[ray]')")
 
-from trace_gym.env.tools import Tool  # noqa: E402
 from trace_gym.rollout.engine import RootRecord, TurnRecord  # noqa: E402
 from trace_gym.rollout.source import EngineSource  # noqa: E402
 from trace_gym.run import RunSpec  # noqa: E402
 from trace_gym.sim.env import ContrastLabEnv  # noqa: E402
 from trace_gym.step import Step, make_source  # noqa: E402
 
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors unpickle SlowLab without this module on their path
-
 WORLD = {"n_tasks": 64, "n_test": 16}
 SPEC = dict(envs=[{"id": "ContrastLab-v0", "kwargs": WORLD}], policy={"name": "sim", "kwargs": {"fast": False}},
             allocator="trace", budget={"trajectories": 24, "prompts": 8, "group_size": 2}, seed=5)
-
-
-class SlowLab(ContrastLabEnv):
-    """ContrastLab whose ``act`` tool sleeps ``latency_s`` per call (a slow tool)."""
-
-    latency_s = 0.0
-
-    def build_tools(self, task):
-        (act,) = super().build_tools(task)
-        latency = self.latency_s
-
-        def slow_act(option: str) -> str:
-            """Carry out the current step with one of the options.
-
-            Args:
-                option: The option letter for this step.
-            """
-            time.sleep(latency)
-            return act.fn(option)
-
-        return [Tool.from_function(slow_act, name="act")]
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +44,7 @@ def _sources(workers: int, latency_s: float = 0.0, **worker_options):
     local = make_source(spec)
     base = make_source(spec)
     if latency_s:
-        env = SlowLab(world=base.envs[0].world, seed=spec.seed)
-        env.latency_s = latency_s
-        base.envs = [env]
+        base.envs = [ContrastLabEnv(world=base.envs[0].world, seed=spec.seed, tool_latency_s=latency_s)]
     remote = EngineSource(base.envs, base.policy, base.params, seed=spec.seed, workers=workers, worker_options=worker_options)
     return spec, local, remote
 
@@ -166,8 +139,7 @@ def test_a_worker_lost_past_its_retries_fails_only_its_trajectories(local_ray):
 def test_a_hung_worker_is_given_up_after_its_time_limit(local_ray):
     from trace_gym.rollout.workers import EnvWorkerPool
 
-    env = SlowLab(world=make_source(RunSpec(**SPEC)).envs[0].world, seed=0)
-    env.latency_s = 60.0  # the tool never answers within the test
+    env = ContrastLabEnv(world=make_source(RunSpec(**SPEC)).envs[0].world, seed=0, tool_latency_s=60.0)  # never answers in time
     env.reset(options={"task": env.tasks().get(0)})
     items = [(env.snapshot(), 0, '<tool_call>{"name": "act", "arguments": {"option": "A"}}</tool_call>')] * 2
     pool = EnvWorkerPool([env], 2, num_cpus=0.5, max_retries=0, chunk_timeout_s=1.0)

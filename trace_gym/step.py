@@ -30,6 +30,7 @@ import numpy as np
 
 from trace_gym.allocation.budget import Spend
 from trace_gym.allocation.allocator import allocate_step
+from trace_gym.allocation.streaming import allocate_step_streaming
 from trace_gym.forest.forest import TERMINAL, Forest
 from trace_gym.predictors.calibration import calibration
 from trace_gym.run import Resolved, RunSpec, resolve_run
@@ -81,10 +82,16 @@ class Step:
 
     ``update``, when given, is called with each step's forest and advantages after the
     predictor update. ``update_predictor=False`` keeps the predictor frozen.
+
+    ``streaming=True`` rolls out trajectory by trajectory instead of in waves, and starts a
+    prompt's stage 2 when its own stage 1 is done
+    (:func:`~trace_gym.allocation.streaming.allocate_step_streaming`, with ``stream_share`` of
+    the stage-2 budget planned per prompt); the source must offer ``stream(forest)`` (the
+    rollout engine's :class:`~trace_gym.rollout.source.EngineSource` does).
     """
 
     def __init__(self, source: RolloutSource, resolved: Resolved, prompts: int, *, update: PolicyUpdate | None = None,
-                 update_predictor: bool = True):
+                 update_predictor: bool = True, streaming: bool = False, stream_share: float = 1.0):
         self.source = source
         self.allocator = resolved.allocator
         self.predictor = resolved.predictor
@@ -94,6 +101,11 @@ class Step:
         self.prompts = prompts
         self.update = update
         self.update_predictor = update_predictor
+        if streaming and not hasattr(source, "stream"):
+            raise ValueError(f"streaming needs a source that can stream trajectories; {type(source).__name__} cannot "
+                             "(the simulator's fast path runs whole steps at once: use the sim policy with fast=false)")
+        self.streaming = bool(streaming)
+        self.stream_share = float(stream_share)
 
     @classmethod
     def from_spec(cls, spec: RunSpec, source: RolloutSource | None = None, **kwargs: Any) -> "Step":
@@ -113,7 +125,15 @@ class Step:
             t_roll[0] += time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        spend = allocate_step(forest, self.allocator, self.budget, self.predictor, rollout)
+        if self.streaming:
+            stream = self.source.stream(forest)  # type: ignore[attr-defined]
+            try:
+                spend = allocate_step_streaming(forest, self.allocator, self.budget, self.predictor, stream, share=self.stream_share)
+            finally:
+                stream.close()
+            t_roll[0] = time.perf_counter() - t0  # rollouts and planning overlap: all of it counts as rollout time
+        else:
+            spend = allocate_step(forest, self.allocator, self.budget, self.predictor, rollout)
         t_alloc = time.perf_counter() - t0 - t_roll[0]
         if spend.trajectories > self.budget.trajectories:  # allocate_step checks plans; this checks the outcome
             raise RuntimeError(f"allocator {self.allocator.name!r} spent {spend.trajectories} > {self.budget.trajectories} trajectories")
@@ -226,12 +246,12 @@ def update_predictor(predictor: Any, forest: Forest) -> dict[str, Any]:
 
 def make_source(spec: RunSpec, *, policy: Any = None, progress: Any = None) -> RolloutSource:
     """The rollout source of a run: the simulator's fast path for the ``sim`` policy on
-    ContrastLab, else the rollout engine over the run's envs with its policy (``policy``
+    ContrastLab (without a tool latency), else the rollout engine over the run's envs with its policy (``policy``
     overrides building it from ``spec.policy``)."""
     from trace_gym.sim.env import ContrastLabEnv
 
     if spec.policy.name == "sim" and policy is None and len(spec.envs) == 1 and spec.envs[0].id == ContrastLabEnv.env_id \
-            and spec.policy.kwargs.get("fast", True):
+            and spec.policy.kwargs.get("fast", True) and not spec.envs[0].kwargs.get("tool_latency_s"):
         from trace_gym.sim.source import SimSource
 
         return SimSource(spec.envs[0].kwargs, seed=spec.seed)

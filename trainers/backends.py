@@ -33,8 +33,10 @@ BACKENDS = ("hf", "vllm", "openai")
 
 def with_backend_defaults(cfg: Any) -> Any:
     """``cfg`` with the defaults its backend implies: ``loss.is_correction`` on for a
-    backend other than ``hf`` when the config does not set it (a copy; ``cfg`` is unchanged)."""
-    if cfg.rollout.backend != "hf" and "is_correction" not in cfg.loss.model_fields_set:
+    backend other than ``hf``, and for ``rollout.mode: async`` (rollouts one or more updates
+    old), when the config does not set it (a copy; ``cfg`` is unchanged)."""
+    off_policy = cfg.rollout.backend != "hf" or cfg.rollout.mode == "async"
+    if off_policy and "is_correction" not in cfg.loss.model_fields_set:
         cfg = cfg.model_copy(deep=True)
         cfg.loss.is_correction = True
     return cfg
@@ -69,6 +71,27 @@ def build_policy(rollout: Any, model_dir: str, *, tokenizer: Any = None, model: 
         return make_policy("openai", base_url=list(rollout.servers), tokenizer=tokenizer if tokenizer is not None else model_dir,
                            **kwargs)
     raise ValueError(f"rollout.backend must be one of {', '.join(BACKENDS)}, got {rollout.backend!r}")
+
+
+def build_router(rollout: Any, model_dir: str, *, tokenizer: Any, device: str = "cpu", lora_rank: int = 0) -> Any:
+    """``rollout.engines`` Ray actors, each holding the ``hf`` or ``vllm`` backend on the
+    weights in ``model_dir``, behind an :class:`~trace_gym.rollout.router.EngineRouter` that
+    renders chats here with ``tokenizer``. On CUDA each actor asks Ray for one GPU."""
+    from trace_gym.policies.chat import ChatTemplate
+    from trace_gym.rollout.router import EngineRouter
+
+    if rollout.backend not in ("hf", "vllm"):
+        raise ValueError(f"rollout.engines runs the 'hf' or 'vllm' backend in Ray actors, not {rollout.backend!r}")
+    kwargs = dict(rollout.policy_kwargs)
+    kwargs["model"] = model_dir
+    if rollout.backend == "hf":
+        kwargs.setdefault("max_batch_size", rollout.max_batch_size)
+        kwargs["device"] = device
+    elif lora_rank > 0:
+        kwargs.setdefault("lora_rank", lora_rank)
+    renderer = ChatTemplate(tokenizer, chat_template=kwargs.get("chat_template"), tools_in_template=kwargs.get("tools_in_template"))
+    return EngineRouter.on_ray(rollout.backend, kwargs, rollout.engines, renderer=renderer,
+                               num_gpus=1.0 if device == "cuda" else 0.0, num_cpus=1.0)
 
 
 def check_trainable(policy: Any, lora: bool) -> None:
@@ -145,12 +168,13 @@ def bf16_copy_wanted(cfg: Any, device: Any) -> bool:
     return cfg.rollout.backend == "hf" and getattr(device, "type", str(device)) == "cuda" and bool(cfg.model.bf16)
 
 
-def load_bf16_copy(model_dir: str, device: Any) -> Any:
-    """The model in ``model_dir`` in bf16 on ``device``, for generation only."""
+def load_generation_copy(model_dir: str, device: Any, *, bf16: bool = False) -> Any:
+    """The model in ``model_dir`` on ``device`` (in bf16 with ``bf16``, else fp32), for
+    generation only: a copy that receives the trained weights at each sync."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    gen = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
+    gen = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if bf16 else torch.float32).to(device)
     gen.eval()
     for p in gen.parameters():
         p.requires_grad_(False)

@@ -133,7 +133,10 @@ def run_train(args: argparse.Namespace) -> int:
     cfg = _load(args)
     preflight(cfg)
     trainer = _build_trainer(cfg, resume=args.resume)
-    records = trainer.train()
+    try:
+        records = trainer.train()
+    finally:
+        trainer.close()
     last = next((r for r in reversed(records) if "effective_ratio" in r), {})
     evals = {k: v for k, v in (records[-1] if records else {}).items() if k.startswith("eval/")}
     summary = {"output_dir": cfg.output_dir, "steps": trainer.step_index,

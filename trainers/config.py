@@ -66,6 +66,11 @@ class RolloutSection(_Section):
     workers: int = Field(0, ge=0, description="Env workers: N >= 1 runs env steps (tools included) in N Ray actors (needs the 'ray' extra; joins the cluster of RAY_ADDRESS / `ray start`, else starts a local Ray); generation stays in the trainer. 0 (default): env steps in the trainer's process. Same results either way.")
     backend: Literal["hf", "vllm", "openai"] = Field("hf", description="Engine of every rollout and evaluation: 'hf' (transformers in this process; it shares the trained module on CPU and uses a bf16 copy on CUDA), 'vllm' (vLLM's engine in this process, prefix caching, weights synced after every update), 'openai' (the OpenAI-compatible servers in `servers`, e.g. `vllm serve`; weights synced where the servers allow it, see trainers/backends.py). Non-hf backends turn loss.is_correction on unless it is set.")
     servers: list[str] = Field(default_factory=list, description="backend 'openai': API roots of the servers (http://host:8000/v1), replicas of one model; each task's trajectories go to one server.")
+    engines: int = Field(0, ge=0, description="Generation engines: N >= 1 runs N Ray actors that each hold the backend ('hf' or 'vllm') with the current weights, behind a router that keeps prefix affinity (a turn or branch goes to the engine that generated its prefix) and balances load (trace_gym/rollout/router.py); each actor asks for one GPU on CUDA. 0 (default): the backend in the trainer's process. For 'openai', list several servers instead.")
+    streaming: bool = Field(False, description="Roll out trajectory by trajectory instead of in waves (a turn is generated as soon as its env step returns) and start a prompt's stage 2 as soon as its own stage 1 is done (trace_gym/allocation/streaming.py). Forests then depend on timing, so runs are not bit-reproducible.")
+    stream_share: float = Field(1.0, ge=0, le=1, description="With streaming: the share of the stage-2 budget planned per prompt as its stage 1 ends (split in proportion to its stage-1 rollouts); the rest is planned over the whole forest once everything in flight is done.")
+    mode: Literal["sync", "async"] = Field("sync", description="'async': the generation of the next step(s) overlaps this step's update, at most max_staleness updates behind (trace_gym/rollout/async_step.py); turns loss.is_correction on unless set. The 'hf' backend then generates with its own copy of the weights, synced before each generation. 'sync' (default): generate, then update.")
+    max_staleness: int = Field(1, ge=1, description="With mode 'async': how many updates a step's rollouts may lag the weights they train.")
     policy_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra arguments of the rollout backend (hf: share_prefix, kv_cache_tokens, max_batch_tokens; vllm: dtype, enforce_eager, max_model_len, gpu_memory_utilization, block_size ...; openai: dialect, concurrency, timeout, weight_sync, sync_dir ...).")
 
     @model_validator(mode="after")
@@ -74,6 +79,8 @@ class RolloutSection(_Section):
             raise ValueError("backend 'openai' needs servers: the API roots of OpenAI-compatible servers, e.g. [http://127.0.0.1:8000/v1]")
         if self.backend != "openai" and self.servers:
             raise ValueError(f"servers are used by backend 'openai' only (backend is {self.backend!r})")
+        if self.engines and self.backend == "openai":
+            raise ValueError("engines starts Ray actors for the 'hf' or 'vllm' backend; with 'openai' list the servers in `servers` instead")
         return self
 
 
@@ -179,7 +186,14 @@ class RLConfig(_Section):
         if self.optim.schedule != "cosine":
             exclude["steps"] = True
         data = self.model_dump(mode="json", exclude=exclude)
+        for key in SCALE_KEYS:  # added later: at their defaults they leave earlier runs' fingerprints as they were
+            if key not in self.rollout.model_fields_set or getattr(self.rollout, key) == RolloutSection.model_fields[key].default:
+                data["rollout"].pop(key, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+SCALE_KEYS = ("engines", "streaming", "stream_share", "mode", "max_staleness")
+"""Scale-out keys of ``rollout`` that enter the fingerprint only when set to something else than their default."""
 
 
 # ----------------------------------------------------------------------------- loading

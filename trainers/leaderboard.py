@@ -269,7 +269,7 @@ def model_training(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
             add_eval(i + 1, rec)
             if on_step:
                 on_step(i)
-        trainer.policy.close()
+        trainer.close()
     finally:
         if bar is not None:
             progress.remove_task(bar)

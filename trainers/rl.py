@@ -51,6 +51,7 @@ import yaml
 import trace_gym
 from trace_gym.forest.forest import Forest
 from trace_gym.policies.base import SamplingParams, make_policy
+from trace_gym.rollout.async_step import AsyncStep
 from trace_gym.rollout.source import EngineSource, step_seed
 from trace_gym.run import resolve_run
 from trace_gym.sim.learning import SimLearning
@@ -164,9 +165,12 @@ class RLTrainer:
             world = getattr(self.envs[0], "world", None)
             if world is None or len(self.envs) != 1:
                 raise ValueError("model.name 'sim' trains ContrastLab's simulated policy: use exactly one env, trace_gym/ContrastLab-v0")
-            if cfg.rollout.backend != "hf":
+            if cfg.rollout.backend != "hf" or cfg.rollout.engines:
                 raise ValueError(f"model.name 'sim' rolls out ContrastLab's simulated policy itself: rollout.backend={cfg.rollout.backend} "
-                                 "does not apply (leave it at hf)")
+                                 f"and rollout.engines={cfg.rollout.engines} do not apply (leave them at hf and 0)")
+            if cfg.rollout.mode == "async" and cfg.update_policy:
+                raise ValueError("model.name 'sim' cannot train with rollout.mode=async: the simulated policy reads the skills its "
+                                 "update changes in place, so generation and update cannot overlap (use mode sync)")
             self.policy = make_policy("sim", world=world, seed=cfg.seed)
         else:
             self._build_model()
@@ -178,7 +182,7 @@ class RLTrainer:
         if self.predictor is not None and getattr(self.predictor, "encoder_name", None) == "policy":
             self.predictor.attach(self.model, self.tokenizer)
         r = cfg.rollout
-        if self.sim and cfg.model.sim_fast:
+        if self.sim and cfg.model.sim_fast and not r.streaming:
             self.source: Any = SimSource(world=self.policy.world, seed=cfg.seed)  # ContrastLab's fast path: same process
         else:
             params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
@@ -187,7 +191,15 @@ class RLTrainer:
         update = None
         if cfg.update_policy:
             update = SimLearning(self.policy.world, cfg.model.sim_lr, cfg.model.sim_shared_lr) if self.sim else self._update
-        self.stepper = Step(self.source, resolved, cfg.budget.prompts, update=update)
+        self.async_step: AsyncStep | None = None
+        self._async_state: dict[str, Any] | None = None  # what a checkpoint holds of the generator's side (async)
+        if r.mode == "async" and update is not None:
+            self.stepper = Step(self.source, resolved, cfg.budget.prompts, streaming=r.streaming, stream_share=r.stream_share)
+            self.async_step = AsyncStep(self.stepper, update if self.sim else self._update_policy, sync=self._prepare_generation,
+                                        max_staleness=r.max_staleness, before_next=self._snapshot_generator)
+        else:
+            self.stepper = Step(self.source, resolved, cfg.budget.prompts, update=update, streaming=r.streaming,
+                                stream_share=r.stream_share)
 
         # bookkeeping
         self.step_index = 0
@@ -241,17 +253,26 @@ class RLTrainer:
                                                      lora_dropout=cfg.model.lora_dropout, target_modules=cfg.model.lora_targets,
                                                      task_type="CAUSAL_LM"))
         self.model = model
-        from trace_gym.trainers.backends import bf16_copy_wanted, build_policy, check_trainable, load_bf16_copy, param_version
+        from trace_gym.trainers.backends import (bf16_copy_wanted, build_policy, build_router, check_trainable, load_generation_copy,
+                                                 param_version)
 
         r = cfg.rollout
-        if r.backend == "hf" and not bf16_copy_wanted(cfg, self.device):
+        if r.engines:
+            # Ray engine actors behind a router: each loads `path` and receives the trained
+            # weights after every update (_sync_weights)
+            self._shares_weights = False
+            self.policy = build_router(r, path, tokenizer=self.tokenizer, device=self.device.type, lora_rank=cfg.model.lora_rank)
+            if cfg.update_policy:
+                check_trainable(self.policy, lora=cfg.model.lora_rank > 0)
+            self._synced_version = param_version(model)
+        elif r.backend == "hf" and not bf16_copy_wanted(cfg, self.device) and r.mode == "sync":
             gen_model = model.get_base_model() if cfg.model.lora_rank > 0 else model  # LoRA layers live inside it
             self.policy = build_policy(r, path, tokenizer=self.tokenizer, model=gen_model)
         else:
-            # a bf16 copy (hf on CUDA), vLLM's engine or servers: they start from `path` and
-            # receive the trained weights after every update (_sync_weights)
+            # a copy (hf: bf16 on CUDA; async: its own weights), vLLM's engine or servers: they
+            # start from `path` and receive the trained weights after every update (_sync_weights)
             self._shares_weights = False
-            gen_model = load_bf16_copy(path, self.device) if r.backend == "hf" else None
+            gen_model = load_generation_copy(path, self.device, bf16=bf16_copy_wanted(cfg, self.device)) if r.backend == "hf" else None
             self.policy = build_policy(r, path, tokenizer=self.tokenizer, model=gen_model, lora_rank=cfg.model.lora_rank)
             if cfg.update_policy:
                 check_trainable(self.policy, lora=cfg.model.lora_rank > 0)
@@ -292,15 +313,29 @@ class RLTrainer:
             self.save()
         return self.metrics.read()
 
+    def close(self) -> None:
+        """Stop background generation, env workers and engine actors, and release the rollout
+        policy's resources. Safe to call more than once."""
+        if self.async_step is not None:
+            self.async_step.close()
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            close()  # the engine source closes its policy too
+        else:
+            self.policy.close()
+
     def step(self) -> dict[str, Any]:
         """One RL step (see the module docstring); returns and logs its metrics."""
         cfg = self.cfg
         t_step = time.perf_counter()
         step = self.step_index + 1
-        self._clear_policy_cache()
 
         # 1-6: candidates, allocation and rollouts, advantages, predictor, policy update (and weight sync)
-        result = self.stepper.run(self.step_index)
+        if self.async_step is not None:  # the next steps' generations overlap this update
+            result = self.async_step.run(self.step_index, prefetch=cfg.steps - step)
+        else:
+            self._clear_policy_cache()
+            result = self.stepper.run(self.step_index)
 
         # 7. metrics, checkpoint
         self.step_index = step
@@ -321,6 +356,22 @@ class RLTrainer:
         return record
 
     # ------------------------------------------------------------------ 1-2: candidates and rollouts
+
+    def _prepare_generation(self) -> None:
+        """Async: before a step's generation starts (between updates), the generator gets the
+        current weights and drops its cache."""
+        self._sync_weights()
+        self.policy.reset_cache()
+
+    def _snapshot_generator(self, result: Any) -> None:
+        """Async: the generator-side state after this step's generation and before the next
+        one changes it (the predictor, the allocator, the envs' RNGs): what a checkpoint of
+        this step holds."""
+        self._async_state = copy.deepcopy({
+            "allocator": self.allocator.state_dict(),
+            "predictor": self.predictor.state_dict() if self.predictor is not None else None,
+            "env_rng": [env.np_random.bit_generator.state for env in self.envs],
+        })
 
     def _clear_policy_cache(self) -> None:
         # The rollout policy first gets any weights it lacks (a resumed run's, a server's
@@ -542,6 +593,8 @@ class RLTrainer:
 
         cfg = self.cfg.eval
         step = self.step_index if step is None else step
+        if self.async_step is not None:
+            self.async_step.wait_idle()  # the rollout backend is free again (its next results are kept)
         self._sync_weights()  # evaluation goes through the rollout backend: it needs the current weights
         rng = capture_rng()
         out: dict[str, float] = {}
@@ -576,6 +629,8 @@ class RLTrainer:
             "predictor": self.predictor.state_dict() if self.predictor is not None else None,
             "env_rng": [env.np_random.bit_generator.state for env in self.envs],
         }
+        if self._async_state is not None:  # async: as they were before later generations ran ahead
+            trainer.update(self._async_state)
         if self.sim:
             w = self.policy.world
             trainer["sim"] = {"skill": w.skill.copy(), "shared_skill": float(w.shared_skill), "policy_rng": self.policy.rng.bit_generator.state,

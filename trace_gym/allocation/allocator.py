@@ -110,17 +110,24 @@ def allocate_step(
     if forest.n_trajectories:
         raise ValueError("allocate_step expects a forest that holds candidate roots only")
     allocator.spent = spend = Spend()
-    counts = np.asarray(allocator.plan_roots(forest, budget, predictor), dtype=np.int64)
-    if counts.shape != (forest.n_trees,):
-        raise ValueError(f"allocator {allocator.name!r}: plan_roots returned shape {counts.shape}, expected ({forest.n_trees},)")
-    if counts.size and counts.min() < 0:
-        raise ValueError(f"allocator {allocator.name!r}: negative rollout counts")
-    _check(int(counts.sum()), budget.trajectories, allocator, "stage 1")
+    counts = plan_stage1(forest, allocator, budget, predictor)
     origins = np.repeat(forest.root_nodes.astype(np.int64), counts)
     if origins.size:
         rollout(forest, origins)
     spend.roots += int(counts.sum())
     forest.backup()
+    run_stage2_rounds(forest, allocator, budget, predictor, rollout, spend, max_rounds)
+    forest.backup()
+    spend.trajectories = forest.n_trajectories
+    spend.prompts = int(np.count_nonzero(forest.n_leaves[forest.root_nodes] > 0)) if forest.n_trees else 0
+    allocator.observe(forest)
+    return spend
+
+
+def run_stage2_rounds(forest: Forest, allocator: Allocator, budget: Budget, predictor: Any | None, rollout: RolloutFn,
+                      spend: Spend, max_rounds: int = 64) -> None:
+    """Stage 2: ask ``allocator.plan_prefixes`` for branch points while budget remains and the
+    plan is non-empty, checking each plan, rolling it out and backing up; adds to ``spend``."""
     for _ in range(max_rounds):
         remaining = budget.trajectories - forest.n_trajectories
         if remaining <= 0:
@@ -128,25 +135,39 @@ def allocate_step(
         plan = allocator.plan_prefixes(forest, budget, remaining, predictor)
         if not plan:
             break
-        nodes = np.fromiter((int(n) for n, _ in plan), dtype=np.int64, count=len(plan))
-        ks = np.fromiter((int(k) for _, k in plan), dtype=np.int64, count=len(plan))
-        if ks.min() < 0:
-            raise ValueError(f"allocator {allocator.name!r}: negative branch counts")
-        if nodes.min() < 0 or nodes.max() >= len(forest):
-            raise ValueError(f"allocator {allocator.name!r}: branch point outside the forest")
-        if np.any(forest.flags[nodes] & TERMINAL):
-            raise ValueError(f"allocator {allocator.name!r}: cannot branch from a terminal node")
-        _check(int(ks.sum()), remaining, allocator, "stage 2")
-        is_root = forest.parent[nodes] < 0
-        spend.roots += int(ks[is_root].sum())
-        spend.branches += int(ks[~is_root].sum())
+        nodes, ks = check_plan(forest, allocator, plan, remaining, "stage 2", spend)
         rollout(forest, np.repeat(nodes, ks))
         forest.backup()
-    forest.backup()
-    spend.trajectories = forest.n_trajectories
-    spend.prompts = int(np.count_nonzero(forest.n_leaves[forest.root_nodes] > 0)) if forest.n_trees else 0
-    allocator.observe(forest)
-    return spend
+
+
+def plan_stage1(forest: Forest, allocator: Allocator, budget: Budget, predictor: Any | None) -> np.ndarray:
+    """``allocator.plan_roots``, checked: one non-negative count per tree, within the budget."""
+    counts = np.asarray(allocator.plan_roots(forest, budget, predictor), dtype=np.int64)
+    if counts.shape != (forest.n_trees,):
+        raise ValueError(f"allocator {allocator.name!r}: plan_roots returned shape {counts.shape}, expected ({forest.n_trees},)")
+    if counts.size and counts.min() < 0:
+        raise ValueError(f"allocator {allocator.name!r}: negative rollout counts")
+    _check(int(counts.sum()), budget.trajectories, allocator, "stage 1")
+    return counts
+
+
+def check_plan(forest: Forest, allocator: Allocator, plan: Sequence[tuple[int, int]], limit: int, stage: str,
+               spend: Spend) -> tuple[np.ndarray, np.ndarray]:
+    """A stage-2 plan as ``(nodes, ks)`` arrays, checked (counts >= 0, nodes in ``forest`` and
+    not terminal, at most ``limit`` trajectories) and added to ``spend``."""
+    nodes = np.fromiter((int(n) for n, _ in plan), dtype=np.int64, count=len(plan))
+    ks = np.fromiter((int(k) for _, k in plan), dtype=np.int64, count=len(plan))
+    if ks.min() < 0:
+        raise ValueError(f"allocator {allocator.name!r}: negative branch counts")
+    if nodes.min() < 0 or nodes.max() >= len(forest):
+        raise ValueError(f"allocator {allocator.name!r}: branch point outside the forest")
+    if np.any(forest.flags[nodes] & TERMINAL):
+        raise ValueError(f"allocator {allocator.name!r}: cannot branch from a terminal node")
+    _check(int(ks.sum()), limit, allocator, stage)
+    is_root = forest.parent[nodes] < 0
+    spend.roots += int(ks[is_root].sum())
+    spend.branches += int(ks[~is_root].sum())
+    return nodes, ks
 
 
 def add_candidates(forest: Forest, histories: Sequence[Any]) -> np.ndarray:

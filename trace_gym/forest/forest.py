@@ -439,6 +439,45 @@ class Forest:
             raise ValueError(f"advantage estimator {name!r} returned shape {adv.shape}, expected ({self._n},)")
         return adv
 
+    def select(self, trees: Sequence[int] | np.ndarray) -> tuple["Forest", np.ndarray]:
+        """A new forest holding only ``trees`` (every node and trajectory of them, backed up),
+        and ``nodes``: the id in this forest of each of its nodes (``sub`` node ``i`` is
+        ``self`` node ``nodes[i]``). Text and payloads are shared, not copied. This is how an
+        allocator plans for one prompt while the others are still rolling out."""
+        trees = np.asarray(trees, dtype=np.int64)
+        keep = np.isin(self.tree, trees)
+        nodes = np.flatnonzero(keep)
+        sub = Forest(capacity=max(16, nodes.size))
+        remap = np.full(self._n, -1, dtype=np.int64)
+        remap[nodes] = np.arange(nodes.size)
+        tree_map = np.full(self._n_trees, -1, dtype=np.int64)
+        tree_map[np.sort(trees)] = np.arange(trees.size)
+        for name in _NODE_ARRAYS:
+            sub._arr[name][: nodes.size] = self._arr[name][nodes]
+        par = sub._arr["parent"][: nodes.size]
+        par[par >= 0] = remap[par[par >= 0]]
+        sub._arr["tree"][: nodes.size] = tree_map[self._arr["tree"][nodes]]
+        sub._n = int(nodes.size)
+        sub.payload = [self.payload[i] for i in nodes]
+        sub.text = [self.text[i] for i in nodes]
+        for t in np.sort(trees):
+            sub.task_ids.append(self.task_ids[t])
+            sub.prompts.append(self.prompts[t])
+            sub.max_turns.append(self.max_turns[t])
+        sub._n_trees = int(trees.size)
+        sub._root_nodes = remap[self.root_nodes[np.sort(trees)]].astype(np.int32)
+        trajs = np.flatnonzero(keep[self.traj_origin]) if self._n_traj else np.zeros(0, dtype=np.int64)
+        traj_map = np.full(max(self._n_traj, 1), -1, dtype=np.int64)
+        traj_map[trajs] = np.arange(trajs.size)
+        t_col = sub._arr["traj"][: nodes.size]
+        t_col[t_col >= 0] = traj_map[t_col[t_col >= 0]]
+        sub._n_traj = int(trajs.size)
+        sub._traj_origin = remap[self.traj_origin[trajs]].astype(np.int32)
+        sub._traj_leaf = remap[self.traj_leaf[trajs]].astype(np.int32)
+        sub.counters["trajectories"] = sub._n_traj
+        sub.backup()
+        return sub, nodes
+
     def leaves(self) -> np.ndarray:
         """Ids of finished leaves (terminal nodes)."""
         return np.flatnonzero(self.flags & TERMINAL)

@@ -66,7 +66,8 @@ class EngineSource:
 
             self.pool = EnvWorkerPool(self.envs, self.workers, **self.worker_options)
         self.engines = [RolloutEngine(env, self.policy, params, on_error=self.on_error, progress=self.progress,
-                                      env_steps=self.pool.stepper(e) if self.pool is not None else None)
+                                      env_steps=self.pool.stepper(e) if self.pool is not None else None,
+                                      env_submit=self.pool.submitter(e) if self.pool is not None else None)
                         for e, env in enumerate(self.envs)]
         tree_env: list[int] = []
         for e, (env, k) in enumerate(zip(self.envs, split_counts(self.weights, n) if len(self.envs) > 1 else [n])):
@@ -84,6 +85,13 @@ class EngineSource:
             mine = origins[env_of == e]
             if mine.size:
                 engine.rollout(forest, mine)
+
+    def stream(self, forest: Forest, *, min_batch: float = 0.25) -> Any:
+        """An :class:`~trace_gym.rollout.stream.EngineStream` over this step's engines on
+        ``forest`` (streaming instead of waves)."""
+        from trace_gym.rollout.stream import EngineStream
+
+        return EngineStream(forest, self.engines, self.tree_env, min_batch=min_batch)
 
     @property
     def failures(self) -> list[Failure]:

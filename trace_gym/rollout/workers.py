@@ -30,7 +30,9 @@ Install it with the ``ray`` extra (``pip install 'trace-gym[ray]'``).
 from __future__ import annotations
 
 import os
+import threading
 import time
+from concurrent.futures import Future
 from typing import Any, Sequence
 
 from trace_gym.env.base import AgentEnv, EnvSnapshot
@@ -39,6 +41,10 @@ from trace_gym.rollout.engine import EnvStep, EnvStepResult, run_env_step
 __all__ = ["EnvWorker", "EnvWorkerPool", "WorkerLost", "ensure_ray"]
 
 _Wire = tuple[str, float, bool, bool, dict, bytes]  # an EnvStepResult on the wire (snapshot as bytes)
+
+
+def _unwire(r: _Wire | str) -> EnvStepResult | str:
+    return r if isinstance(r, str) else EnvStepResult(r[0], r[1], r[2], r[3], r[4], EnvSnapshot.from_bytes(r[5]))
 
 
 class WorkerLost(RuntimeError):
@@ -128,6 +134,8 @@ class EnvWorkerPool:
         self.chunk_timeout_s = chunk_timeout_s
         self.lost = 0
         self.in_flight = 0
+        self._lock = threading.Lock()
+        self._load: list[int] = [0] * self.workers  # single steps in flight per actor (submit)
         opts: dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": 0}
         if spread:
             opts["scheduling_strategy"] = "SPREAD"
@@ -143,10 +151,49 @@ class EnvWorkerPool:
             raise RuntimeError(f"env workers did not start within {self.start_timeout_s:.0f} s: does the Ray cluster have "
                                f"the CPUs they ask for ({self.workers} x num_cpus)? {self.ray.cluster_resources()}") from exc
 
-    def _replace(self, k: int) -> None:
-        """Start a fresh actor in slot ``k`` (its predecessor died)."""
-        self.ray.kill(self.actors[k], no_restart=True)  # a no-op for a dead actor; frees a hung one
-        self.actors[k] = self._cls.remote(self._envs)
+    def _replace(self, k: int, dead: Any = None) -> None:
+        """Start a fresh actor in slot ``k`` (its predecessor, ``dead`` when given, died)."""
+        with self._lock:
+            if dead is not None and self.actors[k] is not dead:
+                return  # replaced already
+            self.ray.kill(self.actors[k], no_restart=True)  # a no-op for a dead actor; frees a hung one
+            self.actors[k] = self._cls.remote(self._envs)
+
+    def submit(self, e: int, item: EnvStep) -> Future:
+        """Run one env step on env ``e`` of the least busy worker, in the background: a future
+        of its :class:`~trace_gym.rollout.engine.EnvStepResult` or error text (streaming). A
+        worker that dies is replaced and the step re-run from its snapshot, up to
+        ``max_retries`` times."""
+        out: Future = Future()
+        self._send(e, (item[0].to_bytes(), item[1], item[2]), out, 0)
+        return out
+
+    def _send(self, e: int, wire: tuple[bytes, int | None, str], out: Future, tries: int) -> None:
+        with self._lock:
+            k = min(range(self.workers), key=self._load.__getitem__)
+            self._load[k] += 1
+            actor = self.actors[k]
+        ref = actor.step.remote(e, [wire])
+        ref.future().add_done_callback(lambda f: self._landed(f, e, wire, out, tries, k, actor))
+
+    def _landed(self, f: Future, e: int, wire: tuple[bytes, int | None, str], out: Future, tries: int, k: int, actor: Any) -> None:
+        with self._lock:
+            self._load[k] -= 1
+        ray = self.ray
+        try:
+            (r,) = f.result()
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.ObjectLostError) as exc:
+            self.lost += 1
+            self._replace(k, actor)
+            if tries < self.max_retries:
+                self._send(e, wire, out, tries + 1)
+            else:
+                out.set_result(f"{WorkerLost.__name__}: env worker lost {tries + 1} times ({type(exc).__name__})")
+            return
+        except Exception as exc:
+            out.set_result(f"{type(exc).__name__}: {exc}")
+            return
+        out.set_result(_unwire(r))
 
     def step(self, e: int, items: list[EnvStep]) -> list[EnvStepResult | str]:
         """Run ``items`` on env ``e`` of the workers, in parallel; one result per item, in order
@@ -184,7 +231,11 @@ class EnvWorkerPool:
                 res = [msg] * len(chunk)
             out[start:start + len(res)] = res
         self.in_flight = 0
-        return [r if isinstance(r, str) else EnvStepResult(r[0], r[1], r[2], r[3], r[4], EnvSnapshot.from_bytes(r[5])) for r in out]
+        return [_unwire(r) for r in out]
+
+    def submitter(self, e: int) -> Any:
+        """One env step of env ``e`` in the background (the engine's ``env_submit``)."""
+        return lambda item: self.submit(e, item)
 
     def stepper(self, e: int) -> Any:
         """The :data:`~trace_gym.rollout.engine.EnvStepper` of env ``e``."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import time
 from typing import Any
 
 
@@ -24,6 +26,10 @@ class ContrastLabEnv(AgentEnv):
         world: the shared :class:`ContrastLabWorld`; when omitted, one is built from
             ``world_kwargs`` (``n_tasks``, ``difficulty``, ``seed`` ... of
             :class:`ContrastLabWorld`; its seed defaults to the env's).
+        tool_latency_s: seconds each ``act`` call sleeps (a slow tool: an interpreter, a
+            retrieval server; for scale-out benchmarks and tests). Timing only: outcomes
+            do not change.
+        tool_latency_jitter: each call sleeps a uniform draw in ``tool_latency_s x [1 - j, 1 + j]``.
     """
 
     env_id = "trace_gym/ContrastLab-v0"
@@ -31,8 +37,13 @@ class ContrastLabEnv(AgentEnv):
     system_prompt = SYSTEM_PROMPT
 
     def __init__(self, *, world: ContrastLabWorld | None = None, seed: int = 0, split: Split = "train",
-                 max_turns: int | None = None, render_mode: str | None = None, **world_kwargs: Any):
+                 max_turns: int | None = None, render_mode: str | None = None, tool_latency_s: float = 0.0,
+                 tool_latency_jitter: float = 0.0, **world_kwargs: Any):
         super().__init__(seed=seed, split=split, max_turns=max_turns, render_mode=render_mode)
+        if tool_latency_s < 0 or not 0 <= tool_latency_jitter <= 1:
+            raise ValueError(f"tool_latency_s must be >= 0 and tool_latency_jitter in [0, 1], got {tool_latency_s}, {tool_latency_jitter}")
+        self.tool_latency_s = float(tool_latency_s)
+        self.tool_latency_jitter = float(tool_latency_jitter)
         if world is None:
             world_kwargs.setdefault("seed", seed)
             world = ContrastLabWorld(**world_kwargs)
@@ -50,6 +61,7 @@ class ContrastLabEnv(AgentEnv):
 
     def build_tools(self, task: Task) -> list[Tool]:
         options = self.world.options
+        latency, jitter = self.tool_latency_s, self.tool_latency_jitter
 
         def act(option: str) -> str:
             """Carry out the current step with one of the options.
@@ -57,6 +69,8 @@ class ContrastLabEnv(AgentEnv):
             Args:
                 option: The option letter for this step.
             """
+            if latency:  # a draw outside the env's RNG: timing never changes outcomes
+                time.sleep(latency * (1.0 + jitter * (2.0 * random.random() - 1.0)))
             return option if option in options else f"Error: option must be one of {', '.join(options)}."
 
         return [Tool.from_function(act)]

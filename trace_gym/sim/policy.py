@@ -15,6 +15,7 @@ the rollout engine can drive it token in, token out. No torch.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -77,6 +78,9 @@ class SimPolicy(Policy):
             omitted, one is built from ``world_kwargs`` (same defaults as the env, so a
             default env and a default policy agree).
         seed: seeds sampling when ``SamplingParams.seed`` is not given.
+        call_latency_s, prompt_latency_s: each :meth:`generate` call sleeps
+            ``call_latency_s + prompt_latency_s x prompts`` (a simulated accelerator, for
+            scale-out benchmarks of several engines). Timing only: samples do not change.
 
     ``SamplingParams.temperature`` scales the option logits (the env's ``V(H)`` is exact at
     temperature 1); ``max_new_tokens`` truncates a turn (``finish_reason="length"``).
@@ -84,7 +88,11 @@ class SimPolicy(Policy):
 
     name = "sim"
 
-    def __init__(self, world: ContrastLabWorld | None = None, seed: int = 0, **world_kwargs: Any):
+    def __init__(self, world: ContrastLabWorld | None = None, seed: int = 0, *, call_latency_s: float = 0.0,
+                 prompt_latency_s: float = 0.0, **world_kwargs: Any):
+        if call_latency_s < 0 or prompt_latency_s < 0:
+            raise ValueError(f"latencies must be >= 0, got {call_latency_s}, {prompt_latency_s}")
+        self.call_latency_s, self.prompt_latency_s = float(call_latency_s), float(prompt_latency_s)
         if world is None:
             world = ContrastLabWorld(**world_kwargs)
         elif world_kwargs:
@@ -148,6 +156,8 @@ class SimPolicy(Policy):
         return float(1.0 / (1.0 + k * math.exp(-logit))) if logit > -700 else 0.0
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        if self.call_latency_s or self.prompt_latency_s:
+            time.sleep(self.call_latency_s + self.prompt_latency_s * len(prompts))
         rng = np.random.default_rng(params.seed) if params.seed is not None else self.rng
         w = self.world
         out = []
