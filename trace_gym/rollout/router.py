@@ -289,7 +289,7 @@ class EngineRouter(Policy):
         the current weights."""
         self.stats["lost"] += 1
         with self._lock:
-            self.affinity.clear()  # its cached prefixes are gone; others re-learn where prompts go
+            self.affinity.forget(k)  # its cached prefixes are gone
             if self._factory is None:
                 self._ready[k] = False
                 return
