@@ -18,6 +18,8 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'trace-gym[ray]')")
 
+from ray_support import local_ray  # noqa: E402,F401  (the module's local Ray)
+
 from trace_gym.rollout.engine import RootRecord, TurnRecord  # noqa: E402
 from trace_gym.rollout.source import EngineSource  # noqa: E402
 from trace_gym.run import RunSpec  # noqa: E402
@@ -27,15 +29,6 @@ from trace_gym.step import Step, make_source  # noqa: E402
 WORLD = {"n_tasks": 64, "n_test": 16}
 SPEC = dict(envs=[{"id": "ContrastLab-v0", "kwargs": WORLD}], policy={"name": "sim", "kwargs": {"fast": False}},
             allocator="trace", budget={"trajectories": 24, "prompts": 8, "group_size": 2}, seed=5)
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 def _sources(workers: int, latency_s: float = 0.0, **worker_options):

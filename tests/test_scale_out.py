@@ -3,8 +3,8 @@
 ``allocate_step_streaming``, ``rollout.streaming``) and async training
 (``rollout.mode: async``).
 
-Engines are Ray actors on one local Ray (``ray.init(num_cpus=4)``: the sim engines wait on
-nothing, the tiny model's need little). Skipped visibly without ``ray`` (the ``ray`` extra).
+Engines are Ray actors on the module's local Ray (``ray.init(num_cpus=2)``, tests/ray_support.py).
+Skipped visibly without ``ray`` (the ``ray`` extra).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'trace-gym[ray]')")
 
+from ray_support import local_ray  # noqa: E402,F401  (the module's local Ray)
+
 from trace_gym.rollout.affinity import PrefixAffinity  # noqa: E402
 from trace_gym.rollout.router import EngineRouter  # noqa: E402
 from trace_gym.rollout.source import EngineSource  # noqa: E402
@@ -28,15 +30,6 @@ from trace_gym.step import Step, make_source  # noqa: E402
 WORLD = {"n_tasks": 64, "n_test": 16}
 SPEC = dict(envs=[{"id": "ContrastLab-v0", "kwargs": WORLD}], policy={"name": "sim", "kwargs": {"fast": False}},
             allocator="trace", budget={"trajectories": 48, "prompts": 12, "group_size": 2}, seed=5)
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 def _router(spec: RunSpec, engines: int = 2, **kwargs) -> tuple[EngineSource, EngineRouter]:

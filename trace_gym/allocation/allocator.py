@@ -117,6 +117,12 @@ def allocate_step(
     spend.roots += int(counts.sum())
     forest.backup()
     run_stage2_rounds(forest, allocator, budget, predictor, rollout, spend, max_rounds)
+    return finish_step(forest, allocator, spend)
+
+
+def finish_step(forest: Forest, allocator: Allocator, spend: Spend) -> Spend:
+    """The end of a step's allocation: back up, count what was spent (trajectories, prompts
+    that got a rollout), let the allocator observe the forest; returns ``spend``."""
     forest.backup()
     spend.trajectories = forest.n_trajectories
     spend.prompts = int(np.count_nonzero(forest.n_leaves[forest.root_nodes] > 0)) if forest.n_trees else 0

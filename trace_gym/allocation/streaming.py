@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from trace_gym.allocation.allocator import Allocator, check_plan, plan_stage1, run_stage2_rounds
+from trace_gym.allocation.allocator import Allocator, check_plan, finish_step, plan_stage1, run_stage2_rounds
 from trace_gym.allocation.budget import Budget, Spend
 from trace_gym.forest.forest import Forest
 
@@ -77,11 +77,7 @@ def allocate_step_streaming(forest: Forest, allocator: Allocator, budget: Budget
                 _plan_one(forest, allocator, budget, predictor, stream, int(t), int(shares[t]), spend)
     forest.backup()
     run_stage2_rounds(forest, allocator, budget, predictor, lambda f, o: _run(stream, o), spend, max_rounds)
-    forest.backup()
-    spend.trajectories = forest.n_trajectories
-    spend.prompts = int(np.count_nonzero(forest.n_leaves[forest.root_nodes] > 0)) if forest.n_trees else 0
-    allocator.observe(forest)
-    return spend
+    return finish_step(forest, allocator, spend)
 
 
 def _plan_one(forest: Forest, allocator: Allocator, budget: Budget, predictor: Any | None, stream: RolloutStream,

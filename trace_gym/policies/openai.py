@@ -76,14 +76,14 @@ import tempfile
 import threading
 import warnings
 import zlib
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Sequence
 
 import httpx
 
-from trace_gym.policies.chat import ChatPolicy, ChatTemplate
 from trace_gym.policies.base import Generation, SamplingParams
+from trace_gym.policies.chat import ChatPolicy, ChatTemplate
+from trace_gym.rollout.affinity import PrefixAffinity
 
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 DIALECTS = ("auto", "vllm", "transformers", "openai")
@@ -159,8 +159,7 @@ class OpenAIPolicy(ChatPolicy):
         self._scratch: tempfile.TemporaryDirectory | None = None
         self.adapter: str | None = None
         self._adapter_count = 0
-        self._roots: OrderedDict[tuple[int, int], int] = OrderedDict()  # (length, hash) of an opening prompt -> server
-        self._root_lengths: dict[int, int] = {}  # opening-prompt length -> how many roots have it
+        self._roots = PrefixAffinity(max_roots=self.MAX_ROOTS)  # opening prompt -> its server
         self._next_server = 0
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         self.dialect = "vllm" if dialect == "auto" else dialect
@@ -207,19 +206,9 @@ class OpenAIPolicy(ChatPolicy):
         starts with it."""
         ids = super().render_prompt(messages, tools)
         if len(self.base_urls) > 1:
-            key = (len(ids), hash(tuple(ids)))
             with self._lock:
-                if key not in self._roots:
-                    self._roots[key] = self._next_server
+                if self._roots.add_root(ids, self._next_server):
                     self._next_server = (self._next_server + 1) % len(self.base_urls)
-                    self._root_lengths[len(ids)] = self._root_lengths.get(len(ids), 0) + 1
-                    while len(self._roots) > self.MAX_ROOTS:
-                        (n, _), _server = self._roots.popitem(last=False)
-                        self._root_lengths[n] -= 1
-                        if not self._root_lengths[n]:
-                            del self._root_lengths[n]
-                else:
-                    self._roots.move_to_end(key)
         return ids
 
     def server_of(self, prompt: Sequence[int]) -> int:
@@ -230,10 +219,9 @@ class OpenAIPolicy(ChatPolicy):
             return 0
         ids = [int(t) for t in prompt]
         with self._lock:
-            for length in sorted((m for m in self._root_lengths if m <= len(ids)), reverse=True):
-                server = self._roots.get((length, hash(tuple(ids[:length]))))
-                if server is not None:
-                    return server
+            server = self._roots.lookup(ids)
+        if server is not None:
+            return server
         return zlib.crc32(json.dumps(ids).encode()) % n
 
     # ------------------------------------------------------------------ weight sync

@@ -68,12 +68,13 @@ class PrefixAffinity:
             for key in [k for k, e in table.items() if e == engine]:
                 del table[key]
 
-    def add_root(self, ids: Sequence[int], engine: int | None = None) -> None:
-        """Record an opening prompt (every later prompt of its task starts with it), served by
-        ``engine`` when given."""
+    def add_root(self, ids: Sequence[int], engine: int | None = None) -> bool:
+        """Record an opening prompt (every later prompt of its task starts with it); True when
+        it was not known yet, and then ``engine``, when given, is recorded as its server."""
         h = prefix_hashes(ids)
         key = (len(ids), int(h[-1])) if len(ids) else (0, 0)
         table = self._roots.get(key)
+        new = table is None
         if table is None:
             table = self._roots[key] = {}
             self._root_lengths[key[0]] = self._root_lengths.get(key[0], 0) + 1
@@ -84,8 +85,9 @@ class PrefixAffinity:
                     del self._root_lengths[n]
         else:
             self._roots.move_to_end(key)
-        if engine is not None:
+        if engine is not None and new:
             table[key] = int(engine)
+        return new
 
     def _root(self, h: np.ndarray) -> dict[tuple[int, int], int] | None:
         n = h.size
