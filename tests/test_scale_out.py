@@ -231,3 +231,18 @@ def test_training_through_two_engine_actors_syncs_their_weights(local_ray, tmp_p
         # on-policy: the engines generated with the trainer's current weights (synced after each update)
         assert r["update/behaviour_logp_gap"] < 1e-3
     assert min(trainer.policy.stats["per_engine"]) > 0
+
+
+def test_rollout_command_runs_on_workers_and_engines_streaming(local_ray, tmp_path, capsys):
+    import json
+
+    from trace_gym.cli.main import main
+
+    out = tmp_path / "trees.jsonl"
+    status = main(["rollout", "ContrastLab-v0", "--policy", "sim", "--env-arg", "n_tasks=64", "--allocator", "trace",
+                   "--trajectories", "24", "--prompts", "8", "--workers", "2", "--engines", "2", "--actor-cpus", "0.25", "--streaming", "--out", str(out)])
+    assert status == 0
+    nodes = [json.loads(line) for line in out.read_text().splitlines()]
+    engines = {n["info"]["engine"] for n in nodes if n.get("info") and "engine" in n["info"]}
+    assert engines == {0, 1}  # both engine actors generated turns
+    assert sum(1 for n in nodes if n["parent"] >= 0 and n["terminal"]) == 24  # every trajectory reached its end

@@ -244,14 +244,18 @@ def update_predictor(predictor: Any, forest: Forest) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- sources
 
 
-def make_source(spec: RunSpec, *, policy: Any = None, progress: Any = None) -> RolloutSource:
+def make_source(spec: RunSpec, *, policy: Any = None, progress: Any = None, workers: int = 0, engines: int = 0,
+                actor_cpus: float = 1.0) -> RolloutSource:
     """The rollout source of a run: the simulator's fast path for the ``sim`` policy on
-    ContrastLab (without a tool latency), else the rollout engine over the run's envs with its policy (``policy``
-    overrides building it from ``spec.policy``)."""
+    ContrastLab (without a tool latency, workers or engines), else the rollout engine over the
+    run's envs with its policy (``policy`` overrides building it from ``spec.policy``).
+    ``workers``: env steps in that many Ray actors; ``engines``: the policy in that many Ray
+    actors behind an :class:`~trace_gym.rollout.router.EngineRouter`; each actor reserves
+    ``actor_cpus`` CPUs."""
     from trace_gym.sim.env import ContrastLabEnv
 
     if spec.policy.name == "sim" and policy is None and len(spec.envs) == 1 and spec.envs[0].id == ContrastLabEnv.env_id \
-            and spec.policy.kwargs.get("fast", True) and not spec.envs[0].kwargs.get("tool_latency_s"):
+            and spec.policy.kwargs.get("fast", True) and not spec.envs[0].kwargs.get("tool_latency_s") and not (workers or engines):
         from trace_gym.sim.source import SimSource
 
         return SimSource(spec.envs[0].kwargs, seed=spec.seed)
@@ -264,10 +268,15 @@ def make_source(spec: RunSpec, *, policy: Any = None, progress: Any = None) -> R
         if spec.policy.name == "sim":
             kwargs.setdefault("world", getattr(envs[0], "world", None))
             kwargs.setdefault("seed", spec.seed)
-        policy = make_policy(spec.policy.name, **kwargs)
+        if engines:
+            from trace_gym.rollout.router import EngineRouter
+
+            policy = EngineRouter.on_ray(spec.policy.name, kwargs, engines, num_cpus=actor_cpus)
+        else:
+            policy = make_policy(spec.policy.name, **kwargs)
     sampling = {k: spec.policy.kwargs[k] for k in SAMPLING_KEYS if k in spec.policy.kwargs}
     return EngineSource(envs, policy, SamplingParams(**sampling), seed=spec.seed, weights=[e.weight for e in spec.envs],
-                        progress=progress)
+                        progress=progress, workers=workers, worker_options={"num_cpus": actor_cpus})
 
 
 SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p")

@@ -91,7 +91,7 @@ def build_router(rollout: Any, model_dir: str, *, tokenizer: Any, device: str = 
         kwargs.setdefault("lora_rank", lora_rank)
     renderer = ChatTemplate(tokenizer, chat_template=kwargs.get("chat_template"), tools_in_template=kwargs.get("tools_in_template"))
     return EngineRouter.on_ray(rollout.backend, kwargs, rollout.engines, renderer=renderer,
-                               num_gpus=1.0 if device == "cuda" else 0.0, num_cpus=1.0)
+                               num_gpus=1.0 if device == "cuda" else 0.0, num_cpus=rollout.actor_cpus)
 
 
 def check_trainable(policy: Any, lora: bool) -> None:

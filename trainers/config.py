@@ -67,6 +67,7 @@ class RolloutSection(_Section):
     backend: Literal["hf", "vllm", "openai"] = Field("hf", description="Engine of every rollout and evaluation: 'hf' (transformers in this process; it shares the trained module on CPU and uses a bf16 copy on CUDA), 'vllm' (vLLM's engine in this process, prefix caching, weights synced after every update), 'openai' (the OpenAI-compatible servers in `servers`, e.g. `vllm serve`; weights synced where the servers allow it, see trainers/backends.py). Non-hf backends turn loss.is_correction on unless it is set.")
     servers: list[str] = Field(default_factory=list, description="backend 'openai': API roots of the servers (http://host:8000/v1), replicas of one model; each task's trajectories go to one server.")
     engines: int = Field(0, ge=0, description="Generation engines: N >= 1 runs N Ray actors that each hold the backend ('hf' or 'vllm') with the current weights, behind a router that keeps prefix affinity (a turn or branch goes to the engine that generated its prefix) and balances load (trace_gym/rollout/router.py); each actor asks for one GPU on CUDA. 0 (default): the backend in the trainer's process. For 'openai', list several servers instead.")
+    actor_cpus: float = Field(1.0, gt=0, description="CPUs each Ray actor (env worker or engine) reserves from Ray's scheduler; lower it (e.g. 0.25) for actors that mostly wait on tools, servers or a GPU.")
     streaming: bool = Field(False, description="Roll out trajectory by trajectory instead of in waves (a turn is generated as soon as its env step returns) and start a prompt's stage 2 as soon as its own stage 1 is done (trace_gym/allocation/streaming.py). Forests then depend on timing, so runs are not bit-reproducible.")
     stream_share: float = Field(1.0, ge=0, le=1, description="With streaming: the share of the stage-2 budget planned per prompt as its stage 1 ends (split in proportion to its stage-1 rollouts); the rest is planned over the whole forest once everything in flight is done.")
     mode: Literal["sync", "async"] = Field("sync", description="'async': the generation of the next step(s) overlaps this step's update, at most max_staleness updates behind (trace_gym/rollout/async_step.py); turns loss.is_correction on unless set. The 'hf' backend then generates with its own copy of the weights, synced before each generation. 'sync' (default): generate, then update.")
@@ -192,7 +193,7 @@ class RLConfig(_Section):
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-SCALE_KEYS = ("engines", "streaming", "stream_share", "mode", "max_staleness")
+SCALE_KEYS = ("engines", "actor_cpus", "streaming", "stream_share", "mode", "max_staleness")
 """Scale-out keys of ``rollout`` that enter the fingerprint only when set to something else than their default."""
 
 

@@ -187,7 +187,7 @@ class RLTrainer:
         else:
             params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
             self.source = EngineSource(self.envs, self.policy, params, seed=cfg.seed, weights=[e.weight for e in cfg.envs],
-                                       workers=cfg.rollout.workers)
+                                       workers=cfg.rollout.workers, worker_options={"num_cpus": r.actor_cpus})
         update = None
         if cfg.update_policy:
             update = SimLearning(self.policy.world, cfg.model.sim_lr, cfg.model.sim_shared_lr) if self.sim else self._update

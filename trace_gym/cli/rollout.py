@@ -44,6 +44,10 @@ def configure_rollout(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--max-turns", type=int, default=None, help="episode turn limit (default: the env's)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--workers", type=int, default=0, help="env steps in N Ray actors (the ray extra; default 0: in this process)")
+    parser.add_argument("--engines", type=int, default=0, help="the policy in N Ray actors behind a prefix-affinity router (default 0)")
+    parser.add_argument("--actor-cpus", type=float, default=1.0, help="CPUs each Ray actor reserves (default 1; less for actors that wait)")
+    parser.add_argument("--streaming", action="store_true", help="no waves: each turn as soon as its env step returns, stage 2 per prompt")
     parser.add_argument("--out", default="trees.jsonl", help="output JSONL, one record per node (default trees.jsonl)")
     parser.add_argument("--no-snapshots", action="store_true", help="leave env snapshots out of the JSONL")
     parser.set_defaults(func=run_rollout)
@@ -120,8 +124,10 @@ def run_rollout(args: argparse.Namespace) -> int:
         if stats["live"] == 0:
             done_before[0] = done
 
-    source = make_source(spec, progress=on_wave)
-    step = Step.from_spec(spec, source)
+    if args.workers < 0 or args.engines < 0 or args.actor_cpus <= 0:
+        raise ValueError("--workers and --engines must be >= 0 and --actor-cpus > 0")
+    source = make_source(spec, progress=on_wave, workers=args.workers, engines=args.engines, actor_cpus=args.actor_cpus)
+    step = Step.from_spec(spec, source, streaming=args.streaming)
     with progress:
         result = step.run(args.step)
     forest, spend = result.forest, result.spend

@@ -190,7 +190,7 @@ class EngineRouter(Policy):
         try:
             infos = ray.get([h.describe.remote() for h in handles], timeout=start_timeout_s)
         except ray.exceptions.GetTimeoutError as exc:
-            raise RuntimeError(f"engine actors did not start within {start_timeout_s:.0f} s: does the Ray cluster have "
+            raise TimeoutError(f"engine actors did not start within {start_timeout_s:.0f} s: does the Ray cluster have "
                                f"the resources they ask for ({engines} x {opts})? {ray.cluster_resources()}") from exc
         self = cls.__new__(cls)
         self._engines = [_Remote(h, i) for h, i in zip(handles, infos)]

@@ -110,7 +110,7 @@ class EnvWorkerPool:
             steps come back as errors ("env worker lost ...").
         spread: place the actors with Ray's ``SPREAD`` strategy (over the nodes of a cluster).
         start_timeout_s: how long to wait for the actors to start; a cluster without the
-            resources they ask for fails here with a clear error instead of hanging.
+            resources they ask for fails here with a clear ``TimeoutError`` instead of hanging.
         ray_init: arguments of ``ray.init`` when Ray is not yet initialised (:func:`ensure_ray`).
         chunk_timeout_s: a chunk that has not returned after this many seconds counts as lost:
             its actor is killed and replaced and the chunk re-run (or given up) as for a dead
@@ -148,7 +148,7 @@ class EnvWorkerPool:
         try:
             return self.ray.get([a.where.remote() for a in actors], timeout=self.start_timeout_s)
         except self.ray.exceptions.GetTimeoutError as exc:
-            raise RuntimeError(f"env workers did not start within {self.start_timeout_s:.0f} s: does the Ray cluster have "
+            raise TimeoutError(f"env workers did not start within {self.start_timeout_s:.0f} s: does the Ray cluster have "
                                f"the CPUs they ask for ({self.workers} x num_cpus)? {self.ray.cluster_resources()}") from exc
 
     def _replace(self, k: int, dead: Any = None) -> None:
