@@ -36,8 +36,7 @@ class DAPOAllocator(Allocator):
     advantage: ClassVar[str] = "grpo"
 
     def __init__(self, seed: int = 0):
-        super().__init__()
-        self.rng = np.random.default_rng(seed)
+        super().__init__(seed)
         self.kept = np.zeros(0, dtype=bool)
 
     def batch_groups(self, budget: Budget) -> int:
@@ -64,9 +63,3 @@ class DAPOAllocator(Allocator):
     def observe(self, forest: Forest) -> None:
         roots = forest.root_nodes.astype(np.int64)
         self.kept = (forest.n_leaves[roots] > 0) & (forest.leaf_min[roots] < forest.leaf_max[roots])
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.bit_generator.state}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rng.bit_generator.state = state["rng"]

@@ -58,7 +58,7 @@ class GRESOAllocator(Allocator):
 
     def __init__(self, p_easy: float = 0.5, p_hard: float = 0.5, target_zero_variance: float = 0.25,
                  delta_p: float = 0.01, seed: int = 0):
-        super().__init__()
+        super().__init__(seed)
         for label, x in (("p_easy", p_easy), ("p_hard", p_hard), ("target_zero_variance", target_zero_variance)):
             if not 0.0 <= x <= 1.0:
                 raise ValueError(f"{label} must be in [0, 1], got {x}")
@@ -69,7 +69,6 @@ class GRESOAllocator(Allocator):
         self.delta_p = float(delta_p)
         self.streak: dict[str, int] = {}
         self.hard: dict[str, bool] = {}
-        self.rng = np.random.default_rng(seed)
         self.skipped = 0
 
     def skip_probability(self, task_ids: list[str]) -> np.ndarray:
@@ -112,11 +111,11 @@ class GRESOAllocator(Allocator):
         self.p_hard = float(np.clip(self.p_hard + (-step if hard / n > self.alpha_hard else step), step, 1.0))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.bit_generator.state, "streak": dict(self.streak), "hard": dict(self.hard),
+        return {**super().state_dict(), "streak": dict(self.streak), "hard": dict(self.hard),
                 "p_easy": self.p_easy, "p_hard": self.p_hard}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rng.bit_generator.state = state["rng"]
+        super().load_state_dict(state)
         self.streak = {k: int(v) for k, v in state["streak"].items()}
         self.hard = {k: bool(v) for k, v in state["hard"].items()}
         self.p_easy, self.p_hard = float(state["p_easy"]), float(state["p_hard"])

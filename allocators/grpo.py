@@ -23,8 +23,7 @@ class GRPOAllocator(Allocator):
     advantage: ClassVar[str] = "grpo"
 
     def __init__(self, seed: int = 0):
-        super().__init__()
-        self.rng = np.random.default_rng(seed)
+        super().__init__(seed)
 
     def plan_roots(self, forest: Forest, budget: Budget, predictor: Any | None) -> np.ndarray:
         g = budget.group_size
@@ -32,9 +31,3 @@ class GRPOAllocator(Allocator):
         counts = np.zeros(forest.n_trees, dtype=np.int64)
         counts[self.rng.choice(forest.n_trees, size=n, replace=False)] = g
         return counts
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.bit_generator.state}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rng.bit_generator.state = state["rng"]

@@ -21,7 +21,7 @@ from trace_gym.allocation.budget import Budget
 from trace_gym.allocation.allocator import Allocator
 from trace_gym.allocators import register
 from trace_gym.forest.forest import Forest
-from trace_gym.predictors.base import histories_for
+from trace_gym.predictors.base import predict_nodes
 
 
 def knapsack_value(p: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -94,7 +94,6 @@ class KnapsackAllocator(Allocator):
         if predictor is None:
             raise ValueError("allocator 'knapsack' needs a predictor of each prompt's success rate (e.g. 'beta')")
         roots = forest.root_nodes.astype(np.int64)
-        p = np.asarray(predictor.predict(histories_for(forest, roots, predictor)), dtype=np.float64)
-        forest.pred[roots] = p
+        p = predict_nodes(forest, roots, predictor)
         cap = min(self.n_max, budget.max_per_prompt or self.n_max)
         return knapsack_counts(p, budget.trajectories, cap)

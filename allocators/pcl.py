@@ -12,7 +12,7 @@ from trace_gym.allocation.budget import Budget
 from trace_gym.allocation.allocator import Allocator
 from trace_gym.allocators import register
 from trace_gym.forest.forest import Forest
-from trace_gym.predictors.base import histories_for
+from trace_gym.predictors.base import predict_nodes
 
 
 @register("pcl")
@@ -24,24 +24,16 @@ class PCLAllocator(Allocator):
     advantage: ClassVar[str] = "grpo"
 
     def __init__(self, seed: int = 0):
-        super().__init__()
-        self.rng = np.random.default_rng(seed)
+        super().__init__(seed)
 
     def plan_roots(self, forest: Forest, budget: Budget, predictor: Any | None) -> np.ndarray:
         if predictor is None:
             raise ValueError("allocator 'pcl' needs a predictor (its value model of the prompt)")
         roots = forest.root_nodes.astype(np.int64)
-        v = np.asarray(predictor.predict(histories_for(forest, roots, predictor)), dtype=np.float64)
-        forest.pred[roots] = v
+        v = predict_nodes(forest, roots, predictor)
         g = budget.group_size
         n = min(budget.trajectories // g, forest.n_trees)
         order = np.lexsort((self.rng.random(v.size), np.abs(v - 0.5)))
         counts = np.zeros(forest.n_trees, dtype=np.int64)
         counts[order[:n]] = g
         return counts
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.bit_generator.state}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rng.bit_generator.state = state["rng"]

@@ -203,7 +203,7 @@ class TraceAllocator(Allocator):
 
     def __init__(self, stage1: str = "active", stage2: str = "active", k_max: int = 0, rounds: int = 1,
                  scope: str = "subtree", uncertainty: bool = True, seed: int = 0):
-        super().__init__()
+        super().__init__(seed)
         for label, stage, allowed in (("stage1", stage1, STAGES1), ("stage2", stage2, STAGES2)):
             if stage not in allowed:
                 raise ValueError(f"{label} must be one of {allowed}, got {stage!r}")
@@ -219,7 +219,6 @@ class TraceAllocator(Allocator):
         if stage1 in ("paper", "posterior"):
             self.stage1, self.uncertainty = "active", stage1 == "posterior"
         self._round = 0  # stage-2 rounds played in the current step
-        self.rng = np.random.default_rng(seed)
 
     def values(self, forest: Forest, nodes: np.ndarray, predictor: Any | None) -> np.ndarray:
         """V(H) of ``nodes`` as the allocator sees it (here: the predictor's), also stored in
@@ -272,12 +271,6 @@ class TraceAllocator(Allocator):
         ks = solve_prefixes(v, forest.leaf_min[nodes], remaining, self.k_max)
         keep = ks > 0
         return list(zip(nodes[keep].tolist(), ks[keep].tolist()))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.bit_generator.state}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rng.bit_generator.state = state["rng"]
 
 
 @register("trace-paper")

@@ -57,17 +57,10 @@ class UniformAllocator(Allocator):
     advantage: ClassVar[str] = "trace"
 
     def __init__(self, seed: int = 0):
-        super().__init__()
-        self.rng = np.random.default_rng(seed)
+        super().__init__(seed)
 
     def plan_roots(self, forest: Forest, budget: Budget, predictor: Any | None) -> np.ndarray:
         return uniform_roots(forest.n_trees, budget, self.rng)
 
     def plan_prefixes(self, forest: Forest, budget: Budget, remaining: int, predictor: Any | None) -> list[tuple[int, int]]:
         return uniform_prefixes(forest, remaining, self.rng)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.bit_generator.state}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rng.bit_generator.state = state["rng"]

@@ -33,7 +33,7 @@ from trace_gym.allocation.budget import Budget
 from trace_gym.allocation.allocator import Allocator
 from trace_gym.allocators import register
 from trace_gym.forest.forest import Forest
-from trace_gym.predictors.base import histories_for
+from trace_gym.predictors.base import predict_nodes
 
 
 def vip_counts(p: np.ndarray, budget: int, n_min: int = 2, n_max: int = 0) -> np.ndarray:
@@ -69,8 +69,7 @@ class VIPAllocator(Allocator):
     advantage: ClassVar[str] = "grpo"
 
     def __init__(self, seed: int = 0):
-        super().__init__()
-        self.rng = np.random.default_rng(seed)
+        super().__init__(seed)
 
     def plan_roots(self, forest: Forest, budget: Budget, predictor: Any | None) -> np.ndarray:
         if predictor is None:
@@ -79,15 +78,8 @@ class VIPAllocator(Allocator):
         k = min(budget.trajectories // budget.group_size, forest.n_trees, budget.trajectories // n_min)
         batch = np.sort(self.rng.choice(forest.n_trees, size=k, replace=False))
         roots = forest.root_nodes.astype(np.int64)[batch]
-        p = np.asarray(predictor.predict(histories_for(forest, roots, predictor)), dtype=np.float64)
-        forest.pred[roots] = p
+        p = predict_nodes(forest, roots, predictor)
         counts = np.zeros(forest.n_trees, dtype=np.int64)
         if k:
             counts[batch] = vip_counts(p, budget.trajectories, n_min, budget.max_per_prompt or 0)
         return counts
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.bit_generator.state}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rng.bit_generator.state = state["rng"]

@@ -37,8 +37,10 @@ class Allocator(ABC):
     advantage: ClassVar[str] = "grpo"
     """Advantage estimator that matches what the allocator optimises (``"trace"`` for tree allocators)."""
 
-    def __init__(self) -> None:
+    def __init__(self, seed: int | None = None) -> None:
         self.spent = Spend()
+        self.rng: np.random.Generator | None = np.random.default_rng(seed) if seed is not None else None
+        """The allocator's random stream (allocators that draw pass ``seed``); checkpointed by :meth:`state_dict`."""
 
     @abstractmethod
     def plan_roots(self, forest: Forest, budget: Budget, predictor: Any | None) -> np.ndarray:
@@ -52,11 +54,13 @@ class Allocator(ABC):
         """Called with the finished, backed-up forest at the end of a step (for allocators with memory)."""
 
     def state_dict(self) -> dict[str, Any]:
-        """State to checkpoint (allocators with memory override this)."""
-        return {}
+        """State to checkpoint: the random stream, if any (allocators with memory extend this)."""
+        return {"rng": self.rng.bit_generator.state} if self.rng is not None else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+        if self.rng is not None and "rng" in state:
+            self.rng.bit_generator.state = state["rng"]
 
 
 ALLOCATORS: Registry[Allocator] = Registry("allocator", group=ALLOCATOR_GROUP)

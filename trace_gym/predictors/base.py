@@ -57,6 +57,14 @@ def histories_for(forest: Any, nodes: Any, predictor: Any) -> list[History]:
     return forest.histories(nodes, oracle=bool(getattr(predictor, "reads_oracle", False)))
 
 
+def predict_nodes(forest: Any, nodes: Any, predictor: Any) -> np.ndarray:
+    """``predictor``'s V of ``nodes`` (float64, as predicted), from :func:`histories_for`, also
+    written to ``forest.pred`` so the step scores the allocator's predictions."""
+    v = np.asarray(predictor.predict(histories_for(forest, nodes, predictor)), dtype=np.float64)
+    forest.pred[nodes] = v
+    return v
+
+
 PREDICTORS: Registry[Predictor] = Registry("predictor", group=PREDICTOR_GROUP)
 """Name -> predictor factory; also the entry-point group ``trace_gym.predictors``."""
 
