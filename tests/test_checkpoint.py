@@ -46,13 +46,7 @@ def test_corrupt_latest_is_reported_and_previous_used(tmp_path, damage):
     mgr = CheckpointManager(tmp_path, keep_last=3)
     mgr.save(1, _state(1))
     mgr.save(2, _state(2))
-    target = mgr.path(2) / ("manifest.json" if damage == "manifest" else "trainer.pt")
-    data = bytearray(target.read_bytes())
-    if damage == "flip":
-        data[len(data) // 2] ^= 0xFF
-    else:
-        data = data[: len(data) // 2]
-    target.write_bytes(bytes(data))
+    _damage(mgr.path(2), damage)
     with pytest.warns(CorruptCheckpointWarning, match="step 2"):
         step, state = mgr.load_latest()
     assert step == 1 and state["trainer"]["cursor"] == 10

@@ -195,7 +195,7 @@ class RLTrainer:
         self._async_state: dict[str, Any] | None = None  # what a checkpoint holds of the generator's side (async)
         if r.mode == "async" and update is not None:
             self.stepper = Step(self.source, resolved, cfg.budget.prompts, streaming=r.streaming, stream_share=r.stream_share)
-            self.async_step = AsyncStep(self.stepper, update if self.sim else self._update_policy, sync=self._prepare_generation,
+            self.async_step = AsyncStep(self.stepper, update if self.sim else self._update_policy, sync=self._clear_policy_cache,
                                         max_staleness=r.max_staleness, before_next=self._snapshot_generator)
         else:
             self.stepper = Step(self.source, resolved, cfg.budget.prompts, update=update, streaming=r.streaming,
@@ -356,12 +356,6 @@ class RLTrainer:
         return record
 
     # ------------------------------------------------------------------ 1-2: candidates and rollouts
-
-    def _prepare_generation(self) -> None:
-        """Async: before a step's generation starts (between updates), the generator gets the
-        current weights and drops its cache."""
-        self._sync_weights()
-        self.policy.reset_cache()
 
     def _snapshot_generator(self, result: Any) -> None:
         """Async: the generator-side state after this step's generation and before the next

@@ -59,19 +59,16 @@ def allocate_step_streaming(forest: Forest, allocator: Allocator, budget: Budget
     stage2 = budget.trajectories - total1
     shares = np.floor(share * stage2 * counts / max(total1, 1)).astype(np.int64)
     outstanding = counts.copy()
-    traj_tree: dict[int, int] = {}
-    if total1:
-        origins = np.repeat(forest.root_nodes.astype(np.int64), counts)
-        for tr, t in zip(stream.start(origins).tolist(), np.repeat(np.arange(forest.n_trees), counts).tolist()):
-            traj_tree[tr] = t
+    if total1:  # stage 1 is trajectories 0 .. total1 - 1: the forest held none before
+        stream.start(np.repeat(forest.root_nodes.astype(np.int64), counts))
     while True:
         ended = stream.wait()
         if not ended:
             break
         for tr in ended:
-            t = traj_tree.pop(tr, None)
-            if t is None:
-                continue  # a branch of a per-prompt plan
+            if tr >= total1:
+                continue  # a trajectory of a per-prompt plan
+            t = int(forest.tree[forest.traj_origin[tr]])
             outstanding[t] -= 1
             if outstanding[t] == 0 and shares[t] > 0:
                 _plan_one(forest, allocator, budget, predictor, stream, int(t), int(shares[t]), spend)

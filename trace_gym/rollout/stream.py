@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -63,7 +63,6 @@ class EngineStream:
         self._gen_pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="trace-gym-generate")
         self._ready: list[tuple[_Live, int]] = []
         self._inflight: dict[Future, tuple] = {}
-        self._gen_calls = 0
         self._ended: list[int] = []
         self._cache: dict[int, list[int]] = {}
         self.failures: list[Failure] = []
@@ -119,8 +118,7 @@ class EngineStream:
             batch, self._ready = self._ready, []
             params = self.params
             if params.seed is not None:
-                params = replace(params, seed=(int(params.seed) * 1_000_003 + 7_919 + self._gen_calls) % (2**63))
-            self._gen_calls += 1
+                params = replace(params, seed=(int(params.seed) * 1_000_003 + 7_919 + self.calls) % (2**63))
             self.calls += 1
             fut = self._gen_pool.submit(self.policy.generate, [l.ids for l, _ in batch], params)
             self._inflight[fut] = ("gen", batch)
