@@ -58,6 +58,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from trace_gym.sim.difficulty import DEFAULT_DIFFICULTY
+
 STAGE1 = ("uniform", "paper", "posterior")
 STAGE2 = ("none", "uniform", "prefix", "tree")
 PREDICTORS = ("beta", "hashed", "hashed:counts=true")
@@ -67,13 +69,14 @@ BASELINES = ("grpo", "uniform", "dapo", "pcl", "knapsack", "greso", "vip", "trac
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
-def grid_cells(predictors: tuple[str, ...]) -> list[dict[str, Any]]:
-    """Every (stage 1, stage 2, predictor) cell of the grid, as an allocator spec and a label."""
+def grid_cells(predictors: tuple[str, ...], m_min: int | str = "budget") -> list[dict[str, Any]]:
+    """Every (stage 1, stage 2, predictor) cell of the grid, as an allocator spec and a label;
+    ``m_min``: every cell's stage-1 group minimum (``trace``'s option; "budget": the paper's 2)."""
     cells = []
     for s1, s2 in itertools.product(STAGE1, STAGE2):
         uses_predictor = s1 != "uniform" or s2 in ("prefix", "tree")
         for pred in (predictors if uses_predictor else (None,)):
-            kwargs: dict[str, Any] = {"stage1": s1, "stage2": "active" if s2 in ("prefix", "tree") else s2}
+            kwargs: dict[str, Any] = {"stage1": s1, "stage2": "active" if s2 in ("prefix", "tree") else s2, "m_min": m_min}
             if s2 == "tree":
                 kwargs["scope"] = "tree"
             if pred is not None:
@@ -99,7 +102,8 @@ def _config(args: argparse.Namespace, seed: int, learn: float):
     from trace_gym.sim.bench import BenchConfig
 
     return BenchConfig(allocators=["grpo"], steps=args.steps, prompts=args.prompts, trajectories=args.trajectories,
-                       tasks=args.tasks, seed=seed, learn=learn, shared_lr=args.shared_lr if learn > 0 else 0.1,
+                       tasks=args.tasks, seed=seed, learn=learn, difficulty=args.difficulty,
+                       shared_lr=args.shared_lr if learn > 0 else 0.1,
                        normalize=not args.sgd, eval_prompts=args.eval_prompts)
 
 
@@ -265,11 +269,17 @@ def main() -> None:
     ap.add_argument("--trajectories", type=int, default=1024)
     ap.add_argument("--tasks", type=int, default=2048)
     ap.add_argument("--eval-prompts", type=int, default=512)
+    ap.add_argument("--m-min", default="budget",
+                    help="the grid cells' stage-1 group minimum (trace's m_min: an integer, 'budget' = the paper's 2, or "
+                         "'half-group' = G/2, the default trace's; default: %(default)s)")
+    ap.add_argument("--difficulty", default=DEFAULT_DIFFICULTY,
+                    help="ContrastLab's root success distribution, as for `trace-gym bench allocators` (default: %(default)s)")
     ap.add_argument("--predictors", default=",".join(PREDICTORS))
     ap.add_argument("--advantages", default=",".join(ADVANTAGES), help="learning part: estimators of the grid cells")
     ap.add_argument("--lr", type=float, default=0.3, help="learning part: the simulated policy's per-task rate")
     ap.add_argument("--shared-lr", type=float, default=3.0, help="learning part: its shared-skill rate")
     ap.add_argument("--sgd", action="store_true", help="learning part: plain SGD steps (default: scale-free steps of RMS lr)")
+    ap.add_argument("--no-grid", action="store_true", help="run the baselines only (no grid cells)")
     ap.add_argument("--rows", default="", help="only rows whose label contains one of these comma-separated strings")
     ap.add_argument("--baselines", default=",".join(BASELINES),
                     help="the rows beside the grid, comma-separated allocator specs, another predictor as "
@@ -291,7 +301,8 @@ def main() -> None:
         print("\n".join(md))
         return
     predictors = tuple(p for p in args.predictors.split(",") if p)
-    rows = [{"label": c["label"], "spec": c["spec"], "grid": True} for c in grid_cells(predictors)]
+    m_min = int(args.m_min) if args.m_min.isdigit() else args.m_min
+    rows = [] if args.no_grid else [{"label": c["label"], "spec": c["spec"], "grid": True} for c in grid_cells(predictors, m_min)]
     rows += [{"label": b, "spec": baseline_spec(b)} for b in args.baselines.split(",") if b]
     if args.rows:
         wanted = [w for w in args.rows.split(",") if w]
@@ -303,7 +314,8 @@ def main() -> None:
         print(f"allocation part: {len(rows)} rows x {args.seeds} seeds", file=sys.stderr)
         runs = run_part(args, 0.0, rows, (None,))
         out["allocation"] = runs
-        md += [f"### Allocation (frozen policy, M = {args.trajectories}, {args.steps} steps, seeds {args.seeds}; "
+        md += [f"### Allocation (frozen policy, difficulty {args.difficulty}, M = {args.trajectories}, {args.steps} steps, "
+               f"seeds {args.seeds}; "
                "ranked by the effective sample ratio under grpo's advantage; mean ± 95% interval)", ""]
         md += allocation_table(runs) + [""]
     if args.part in ("both", "learning"):
@@ -315,7 +327,7 @@ def main() -> None:
         out["learning_summary"] = summary
         g = summary["grpo"]
         md += [f"### Learning (ContrastLab learning mode, {'plain SGD' if args.sgd else 'scale-free steps'}, lr {args.lr}, "
-               f"shared lr {args.shared_lr}, M = {args.trajectories}, "
+               f"shared lr {args.shared_lr}, difficulty {args.difficulty}, M = {args.trajectories}, "
                f"{args.steps} steps, seeds {args.seeds}; held-out accuracy {g['initial_test_success']:.3f} at the start, "
                f"grpo ends at {statistics.fmean(g['final_test_success']):.3f}; ranked by the tokens needed to reach grpo's "
                "final held-out accuracy, as a multiple of grpo's; mean ± 95% interval)", ""]

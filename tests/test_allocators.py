@@ -120,16 +120,17 @@ def test_trace_ablation_switches_change_behaviour(world):
     oracle = trace_gym.make_predictor("oracle")
     uni = trace_gym.make_allocator("uniform", seed=3)
     f_uni, _ = _step(world, uni, budget, None, seed=1)
-    # stage1=uniform: the same roots as the uniform allocator, whatever the predictor says
-    t_u = trace_gym.make_allocator("trace", stage1="uniform", stage2="uniform", seed=3)
+    # stage1=uniform: the same roots as the uniform allocator (at the same m_min), whatever the predictor says
+    t_u = trace_gym.make_allocator("trace", stage1="uniform", stage2="uniform", m_min="budget", seed=3)
     f_tu, _ = _step(world, t_u, budget, oracle, seed=1)
     assert np.array_equal(f_tu.n_leaves[f_tu.root_nodes], f_uni.n_leaves[f_uni.root_nodes])
-    # stage1=active: exactly the stage-1 solver on the predictions, written to forest.pred
+    # stage1=active: exactly the stage-1 solver on the predictions (groups of at least G/2 by
+    # default), written to forest.pred
     t_a = trace_gym.make_allocator("trace", stage2="uniform")
     f_ta, spend = _step(world, t_a, budget, oracle, seed=1)
     v = f_ta.oracle[f_ta.root_nodes]
     bare = np.bincount(f_ta.tree[f_ta.traj_origin[f_ta.parent[f_ta.traj_origin] < 0]], minlength=96)
-    assert np.array_equal(bare, solve_roots(v, budget.root_trajectories, 2))
+    assert np.array_equal(bare, solve_roots(v, budget.root_trajectories, budget.group_size // 2))
     assert np.allclose(f_ta.pred[f_ta.root_nodes], v)
     # stage2=active: continuations only from prefixes whose subtree was pure
     t_aa = trace_gym.make_allocator("trace")
@@ -318,17 +319,48 @@ def test_trace_stage1_plans_on_the_predictive_distribution(world):
         mean, conc = hashed.predict_beta(f.histories(f.root_nodes))
         assert np.allclose(f.pred[f.root_nodes], mean)
     assert np.isfinite(conc).all()
-    assert np.array_equal(plans[True], solve_roots_beta(mean, conc, budget.root_trajectories, 2))
-    assert np.array_equal(plans[False], solve_roots(mean, budget.root_trajectories, 2))
+    m_min = budget.group_size // 2  # trace's default stage-1 group minimum
+    assert np.array_equal(plans[True], solve_roots_beta(mean, conc, budget.root_trajectories, m_min))
+    assert np.array_equal(plans[False], solve_roots(mean, budget.root_trajectories, m_min))
     assert not np.array_equal(plans[True], plans[False])
     # the oracle allocator plans on the exact values whatever predictor it is handed
     f, _ = _step(world, trace_gym.make_allocator("oracle", stage2="uniform"), budget, hashed, seed=4)
     v = f.oracle[f.root_nodes]
     bare = np.bincount(f.tree[f.traj_origin[f.parent[f.traj_origin] < 0]], minlength=world.n_tasks)
-    assert np.array_equal(bare, solve_roots(v, budget.root_trajectories, 2)) and np.allclose(f.pred[f.root_nodes], v)
+    assert np.array_equal(bare, solve_roots(v, budget.root_trajectories, m_min)) and np.allclose(f.pred[f.root_nodes], v)
 
 
 # ----------------------------------------------------------------------------- stage options, the paper's rule
+
+
+def test_trace_stage1_group_minimum(world):
+    """trace's stage 1 gives each sampled prompt at least G/2 rollouts by default (so with
+    root_fraction 0.5 it samples at most M / G prompts, as many as grpo); m_min and
+    root_fraction override the budget's; trace-paper keeps the paper's m_min."""
+    oracle = trace_gym.make_predictor("oracle")
+
+    def bare_counts(spec, budget, **kw):
+        alloc = trace_gym.make_allocator(spec, stage2="uniform", **kw)  # uniform stage 2 never extends a root
+        f, _ = _step(world, alloc, budget, oracle, seed=2)
+        counts = np.bincount(f.tree[f.traj_origin[f.parent[f.traj_origin] < 0]], minlength=f.n_trees)
+        return counts[counts > 0]
+
+    budget = Budget(256, group_size=8)
+    default = bare_counts("trace", budget)
+    assert default.min() >= 4 and default.sum() == budget.root_trajectories
+    assert default.size <= budget.trajectories // budget.group_size
+    paper = bare_counts("trace-paper", budget)
+    assert paper.min() < 4 and paper.size > default.size  # groups from 2 up: more prompts
+    assert bare_counts("trace", budget, m_min="budget").size > default.size
+    fixed = bare_counts("trace", budget, m_min=6, root_fraction=0.375)
+    assert fixed.min() >= 6 and fixed.sum() == 96
+    # a small group keeps the budget's m_min (G/2 never goes below it)
+    assert bare_counts("trace", Budget(32, group_size=2)).min() == 2
+    for bad in (0, "pairs", 1.5, True):
+        with pytest.raises(ValueError, match="m_min"):
+            trace_gym.make_allocator("trace", m_min=bad)
+    with pytest.raises(ValueError, match="root_fraction"):
+        trace_gym.make_allocator("trace", root_fraction=0.0)
 
 
 def test_trace_stage_names_and_the_papers_rule(world):

@@ -135,9 +135,10 @@ def test_ablation_grid_covers_every_cell_and_scores_by_hand():
     assert len(cells) == 10 * 2 + 2
     assert len({c["label"] for c in cells}) == len(cells)
     by = {(c["stage1"], c["stage2"], c["predictor"]): c["spec"] for c in cells}
-    assert by[("paper", "tree", "beta")] == {"name": "trace", "kwargs": {"stage1": "paper", "stage2": "active", "scope": "tree",
-                                                                          "predictor": "beta"}}
-    assert by[("uniform", "none", None)]["kwargs"] == {"stage1": "uniform", "stage2": "none"}
+    assert by[("paper", "tree", "beta")] == {"name": "trace", "kwargs": {"stage1": "paper", "stage2": "active", "m_min": "budget",
+                                                                          "scope": "tree", "predictor": "beta"}}
+    assert by[("uniform", "none", None)]["kwargs"] == {"stage1": "uniform", "stage2": "none", "m_min": "budget"}
+    assert g.grid_cells(("hashed",), m_min="half-group")[0]["spec"]["kwargs"]["m_min"] == "half-group"
     assert g.baseline_spec("pcl[pred=hashed:counts=true]") == {"name": "pcl", "kwargs": {"predictor": "hashed:counts=true"}}
     curve = [{"test_success": 0.4, "tokens": 0}, {"test_success": 0.5, "tokens": 100}, {"test_success": 0.7, "tokens": 200}]
     assert g.reach(curve, 0.6, "tokens") == pytest.approx(150.0)

@@ -126,3 +126,44 @@ def test_warm_start_is_cached_and_teaches_the_answer_format():
     # from scratch it never answers in format; warmed, nearly always (two options: ~half right)
     assert before["mean@k"] == 0.0
     assert after["mean@k"] > 0.3 and after["pass@k"] > 0.6
+
+
+def test_token_bounded_micro_batches_change_memory_not_the_step():
+    """micro_batch_tokens splits a batch into smaller forward passes (a sequence longer than
+    the bound goes alone); the summed, token-normalised loss and its gradients are those of
+    one pass, and the warm start's cache key ignores the bound."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trace_gym.trainers.presets import tiny_model_dir
+    from trace_gym.trainers.sft import Example, SFTConfig, masked_nll, micro_batches, pad_batch, resolve_base, sft_key
+
+    rng = torch.Generator().manual_seed(0)
+    lengths = [40, 12, 33, 7, 90, 25]
+    batch = [Example(ids=torch.randint(5, 300, (n,), generator=rng).tolist(), mask=[0] * 3 + [1] * (n - 3), env_id="e",
+                     task_id=str(i)) for i, n in enumerate(lengths)]
+    parts = micro_batches(batch, size=4, tokens=80)
+    assert [e for p in parts for e in p] == batch  # in order, nothing lost
+    assert all(len(p) * max(len(e.ids) for e in p) <= 80 or len(p) == 1 for p in parts) and any(len(p) == 1 and
+                                                                                                 len(p[0].ids) == 90 for p in parts)
+    assert [len(p) for p in micro_batches(batch, size=4, tokens=None)] == [4, 2]
+
+    spec = _micro(["trace_gym/ContrastLab-v0"])
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir(spec)))
+    n_tok = sum(sum(e.mask[1:]) for e in batch)
+
+    def grads(split):
+        model.zero_grad(set_to_none=True)
+        total = 0.0
+        for micro in split:
+            nll, _ = masked_nll(model, *pad_batch(micro, 0))
+            (nll / n_tok).backward()
+            total += float(nll)
+        return total, torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    loss_one, g_one = grads([batch])
+    loss_split, g_split = grads(parts)
+    assert loss_split == pytest.approx(loss_one, rel=1e-5)
+    assert torch.allclose(g_split, g_one, atol=1e-6, rtol=1e-4)
+    ident = resolve_base("tiny", spec)[1]
+    assert sft_key(ident, SFTConfig(micro_batch_tokens=None)) == sft_key(ident, SFTConfig(micro_batch_tokens=512))

@@ -39,7 +39,7 @@ from trace_gym.trainers.presets import TinySpec, cache_root, tiny_model_dir
 
 
 class SFTConfig(BaseModel):
-    """The SFT warm start. Every field is part of the cache key."""
+    """The SFT warm start. Every field but ``micro_batch_tokens`` (memory only) is part of the cache key."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -52,6 +52,9 @@ class SFTConfig(BaseModel):
     warmup: float = Field(0.05, ge=0, lt=1, description="Share of the steps spent warming the learning rate up linearly.")
     batch_size: int = Field(16, ge=1, description="Sequences per optimizer step.")
     micro_batch_size: int = Field(16, ge=1, description="Sequences per forward pass (gradient accumulation splits batches).")
+    micro_batch_tokens: int | None = Field(
+        4096, ge=16, description="Most padded tokens per forward pass (None: no bound); a longer sequence goes alone. "
+                                 "Memory only: the loss and the step are the same, so it is not part of the cache key.")
     max_length: int = Field(1024, ge=16, description="Demonstrations longer than this (in tokens) are skipped.")
     strip_thoughts: bool = Field(False, description="Drop <think>...</think> blocks from demonstrated turns: shorter turns for small models that do not use them.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip.")
@@ -130,6 +133,24 @@ def length_grouped_batches(lengths: Sequence[int], batch_size: int, rng: random.
     return batches
 
 
+def micro_batches(batch: Sequence[Example], size: int, tokens: int | None) -> list[list[Example]]:
+    """``batch`` split in order into forward passes of at most ``size`` sequences and at most
+    ``tokens`` padded tokens (``None``: no token bound); a sequence longer than ``tokens`` goes alone."""
+    out: list[list[Example]] = []
+    cur: list[Example] = []
+    longest = 0
+    for e in batch:
+        n = len(e.ids)
+        if cur and (len(cur) >= size or (tokens is not None and (len(cur) + 1) * max(longest, n) > tokens)):
+            out.append(cur)
+            cur, longest = [], 0
+        cur.append(e)
+        longest = max(longest, n)
+    if cur:
+        out.append(cur)
+    return out
+
+
 def pad_batch(examples: Sequence[Example], pad_id: int, device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ``(input_ids, attention_mask, loss_mask)``."""
     width = max(len(e.ids) for e in examples)
@@ -192,8 +213,8 @@ def train_sft(model: Any, pad_id: int, examples: Sequence[Example], cfg: SFTConf
         n_tok = sum(sum(e.mask[1:]) for e in batch)
         opt.zero_grad(set_to_none=True)
         loss_sum = 0.0
-        for i in range(0, len(batch), cfg.micro_batch_size):
-            ids, attn, m = pad_batch(batch[i : i + cfg.micro_batch_size], pad_id, device)
+        for micro in micro_batches(batch, cfg.micro_batch_size, cfg.micro_batch_tokens):
+            ids, attn, m = pad_batch(micro, pad_id, device)
             with _autocast(device):
                 nll, _ = masked_nll(model, ids, attn, m)
             (nll / max(n_tok, 1)).backward()
@@ -244,7 +265,7 @@ def resolve_base(model: str, tiny: TinySpec | None = None) -> tuple[str, str]:
 
 def sft_key(identity: str, cfg: SFTConfig) -> str:
     """Cache key of a warm start: the base model's identity and the config."""
-    blob = json.dumps({"base": identity, "sft": cfg.model_dump(mode="json")}, sort_keys=True)
+    blob = json.dumps({"base": identity, "sft": cfg.model_dump(mode="json", exclude={"micro_batch_tokens"})}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
