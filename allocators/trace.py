@@ -25,10 +25,9 @@ ablation grid (``benchmarks/ablation_grid.py``). Predictions are written to
 GRPO's final held-out accuracy with the fewest generated tokens in ContrastLab's learning
 mode (3 seeds): active stage 1, active stage 2 over every pure prefix, the shared
 ``hashed`` predictor (no per-prompt counts) and the ``grpo`` advantage (``advantage``, read
-by :func:`trace_gym.run.defaults`). Stage-1 groups of at least G/2 learnt as fast as pairs
-(within the seeds' intervals, on four difficulty distributions) and raised the effective
-sample ratio on all four; they are the default for that reason. The paper's exact rule, with the tree-aware advantage,
-is ``trace-paper`` (:class:`TracePaperAllocator`). The figures and why the default differs:
+by :func:`trace_gym.run.defaults`), with stage-1 groups of at least G/2 (measured against the
+paper's pairs in the README's "Stage-1 groups"). The paper's exact rule, with the tree-aware
+advantage, is ``trace-paper`` (:class:`TracePaperAllocator`). The figures and why the default differs:
 the README's "Measured" and "Design notes".
 
 Options beyond the paper's single pass:
