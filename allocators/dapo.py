@@ -5,9 +5,13 @@ DAPO wants a training batch of B groups that are all mixed (verl: keep groups wi
 (G = ``budget.group_size``). Stage 1 samples B random prompts, G rollouts each. Then, round
 after round, for every group still missing from the batch (B minus the mixed groups so
 far) it samples a fresh prompt (one that has no rollouts yet), G rollouts each, while the
-budget and fresh prompts last. All-equal groups are filtered: :attr:`kept` marks the trees
-that enter the training batch, and it never holds an all-equal group. It spends less than
-the budget only when the batch is full or the fresh prompts ran out.
+budget and fresh prompts last. Once the batch is full, the budget left goes to further
+fresh groups in one last round, whose mixed groups join the batch: every allocator of a
+comparison spends the same M (verl's DAPO would start its next step instead; at a fixed
+trajectory budget per step that compute is here). All-equal groups are filtered:
+:attr:`kept` marks the trees that enter the training batch, and it never holds an
+all-equal group. It spends less than the budget only when the fresh prompts run out (or by
+less than G, the budget's remainder).
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ class DAPOAllocator(Allocator):
         mixed = int(np.count_nonzero(forest.leaf_min[roots] < forest.leaf_max[roots]))
         fresh = roots[forest.n_leaves[roots] == 0]
         g = budget.group_size
-        n = min(self.batch_groups(budget) - mixed, remaining // g, fresh.size)
+        missing = self.batch_groups(budget) - mixed
+        n = min(missing if missing > 0 else remaining // g, remaining // g, fresh.size)
         if n <= 0:
             return []
         return [(int(r), g) for r in self.rng.choice(fresh, size=n, replace=False)]

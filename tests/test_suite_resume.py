@@ -93,6 +93,27 @@ def test_records_a_changed_suite_no_longer_runs_are_kept_and_reused(first, tmp_p
     assert sorted(lines(out / "records.earlier.jsonl")) == sorted(two_steps)
 
 
+def test_tracks_run_one_at_a_time_fill_one_folder(tmp_path):
+    """``--tracks A`` then ``--tracks B`` into one folder: B's run leaves A's records where they
+    are (not set aside as no longer run), and the leaderboard shows both tracks."""
+    suite = tmp_path / "two.yaml"
+    track = {"kind": "allocation", "envs": ["ContrastLab-v0"], "policy": {"name": "sim"}, "allocators": ["grpo", "uniform"],
+             "budget": {"trajectories": 32, "prompts": 16}, "steps": 1}
+    suite.write_text(yaml.safe_dump({"suite": "two", "seeds": [0], "tracks": [{"name": "a", **track},
+                                                                               {"name": "b", **track, "envs": [{"id": "ContrastLab-v0", "kwargs": {"difficulty": "beta:2,2"}}]}]}))
+    out = tmp_path / "out"
+    run(suite, out, "--tracks", "a")
+    a = lines(out / "records.jsonl")
+    run(suite, out, "--tracks", "b")
+    both = lines(out / "records.jsonl")
+    assert both[: len(a)] == a and len(both) == 4 and not (out / "records.earlier.jsonl").exists()
+    assert {r.record.track for r in load_records([out])} == {"a", "b"}
+    md = (out / "leaderboard.md").read_text()
+    assert "a / ContrastLab-v0" in md and "b / ContrastLab-v0" in md
+    run(suite, out)  # the whole suite: everything is there, nothing runs again
+    assert lines(out / "records.jsonl") == both
+
+
 # ----------------------------------------------------------------------------- tables
 
 

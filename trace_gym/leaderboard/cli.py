@@ -70,18 +70,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     err = _console(stderr=True)
     try:
-        spec = load_suite(args.suite).select(args.tracks.split(",") if args.tracks else None)
+        whole = load_suite(args.suite)
+        spec = whole.select(args.tracks.split(",") if args.tracks else None)
     except SuiteError as exc:
         raise SuiteError(f"bad suite: {exc}") from None
     out = Path(args.out) if args.out else Path("results") / f"{spec.suite}-{datetime.now():%Y%m%d-%H%M%S}"
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out}: exists and is not a folder")
     if out.is_dir() and not args.fresh:
-        sort_records(out, plan_suite(spec))  # a bad record file: its file:line, before anything runs
+        sort_records(out, plan_suite(whole))  # a bad record file: its file:line, before anything runs
     preflight(spec)
     err.print(f"suite {spec.suite!r} from {resolve_suite_path(args.suite)}: {len(spec.tracks)} track(s); results in {out}/",
               highlight=False, soft_wrap=True)
-    run_suite(spec, out, show_progress=not args.no_progress, fresh=args.fresh, console=err)
+    run_suite(spec, out, show_progress=not args.no_progress, fresh=args.fresh, console=err, whole=whole)
     notes = []
     earlier = out / EARLIER_FILE
     if earlier.is_file() and earlier.stat().st_size:

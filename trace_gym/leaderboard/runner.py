@@ -491,8 +491,10 @@ def sort_records(out_dir: Path, plans: Sequence[RunPlan]) -> SuiteRecords:
 
 
 def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, resume: bool = True,
-              console: Any = None, fresh: bool = False) -> list[Record]:
+              console: Any = None, fresh: bool = False, whole: SuiteSpec | None = None) -> list[Record]:
     """Run every run of ``spec`` not already in ``out_dir/records.jsonl`` and append its record.
+    ``whole``: the suite ``spec`` was selected from (``--tracks``); the records of its other
+    tracks stay in ``records.jsonl`` as they are, neither run nor set aside.
 
     Returns all records of the suite in ``out_dir`` (finished earlier and now). Nothing is
     ever deleted: records in the folder that the suite no longer produces (it changed steps,
@@ -510,10 +512,12 @@ def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, res
     records_path = out_dir / "records.jsonl"
     console = console or Console(stderr=True)
     plans = plan_suite(spec)
+    mine = {(p.config_hash, p.seed) for p in plans}
+    others = [p for p in plan_suite(whole) if (p.config_hash, p.seed) not in mine] if whole is not None else []
     if fresh or not resume:
         for path in move_aside(out_dir):
             console.print(f"--fresh: moved the earlier records to {path}", highlight=False, soft_wrap=True)
-    found = sort_records(out_dir, plans)
+    found = sort_records(out_dir, plans + others)
     done = found.current
     if found.earlier:
         console.print(f"kept {len(found.earlier)} earlier record(s) that this suite no longer runs (other seeds, steps, "
