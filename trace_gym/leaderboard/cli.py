@@ -146,7 +146,8 @@ def configure_leaderboard(parser: argparse.ArgumentParser) -> None:
                                    "produces are kept in records.earlier.jsonl, never deleted.")
     p.add_argument("suite", metavar="SUITE|FILE", help=f"preset ({', '.join(preset_names()) or 'none found'}) or a YAML file")
     p.add_argument("--out", metavar="DIR", help="results folder (default: results/SUITE-TIMESTAMP)")
-    p.add_argument("--tracks", metavar="A,B", help="run only these tracks of the suite")
+    p.add_argument("--tracks", metavar="A,B", help="run only these tracks of the suite (records of its other tracks in --out stay, and "
+                                                   "the leaderboard shows every track there)")
     p.add_argument("--fresh", action="store_true",
                    help="move the records already in --out aside (records-TIMESTAMP.jsonl) and run everything again")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
