@@ -136,17 +136,18 @@ def test_token_bounded_micro_batches_change_memory_not_the_step():
     from transformers import AutoModelForCausalLM
 
     from trace_gym.trainers.presets import tiny_model_dir
-    from trace_gym.trainers.sft import Example, SFTConfig, masked_nll, micro_batches, pad_batch, resolve_base, sft_key
+    from trace_gym.trainers.batching import micro_batches
+    from trace_gym.trainers.sft import Example, SFTConfig, masked_nll, pad_batch, resolve_base, sft_key
 
     rng = torch.Generator().manual_seed(0)
     lengths = [40, 12, 33, 7, 90, 25]
     batch = [Example(ids=torch.randint(5, 300, (n,), generator=rng).tolist(), mask=[0] * 3 + [1] * (n - 3), env_id="e",
                      task_id=str(i)) for i, n in enumerate(lengths)]
-    parts = micro_batches(batch, size=4, tokens=80)
-    assert [e for p in parts for e in p] == batch  # in order, nothing lost
+    parts = [[batch[i] for i in idx] for idx in micro_batches([e.ids for e in batch], 80, 4)]
+    assert sorted(int(e.task_id) for p in parts for e in p) == list(range(len(batch)))  # each example once
     assert all(len(p) * max(len(e.ids) for e in p) <= 80 or len(p) == 1 for p in parts) and any(len(p) == 1 and
                                                                                                  len(p[0].ids) == 90 for p in parts)
-    assert [len(p) for p in micro_batches(batch, size=4, tokens=None)] == [4, 2]
+    assert [len(p) for p in micro_batches([e.ids for e in batch], None, 4)] == [4, 2]
 
     spec = _micro(["trace_gym/ContrastLab-v0"])
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir(spec)))

@@ -34,7 +34,7 @@ is counted (policy tokens, sequences) but not trained.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Sequence, Sized
 
 import numpy as np
 import torch
@@ -308,14 +308,17 @@ def attention_mask(allowed: torch.Tensor, impl: str, dtype: torch.dtype) -> torc
     return blocked.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
-def micro_batches(units: Sequence[LossUnit], max_tokens: int) -> list[list[int]]:
-    """Indices of ``units`` grouped into micro-batches of at most ``max_tokens`` padded tokens
-    (rows x widest row; a unit wider than that gets a micro-batch alone), shortest first."""
+def micro_batches(units: Sequence[Sized], max_tokens: int | None, max_rows: int | None = None) -> list[list[int]]:
+    """Indices of ``units`` (loss units, or any sequences: their ``len`` is their width)
+    grouped into micro-batches of at most ``max_tokens`` padded tokens (rows x widest row;
+    None: no bound; a unit wider than that gets a micro-batch alone) and at most ``max_rows``
+    rows (None: no bound), shortest first."""
     order = sorted(range(len(units)), key=lambda i: len(units[i]))
     batches, cur, width = [], [], 0
     for i in order:
         w = max(width, len(units[i]))
-        if cur and w * (len(cur) + 1) > max_tokens:
+        if cur and ((max_tokens is not None and w * (len(cur) + 1) > max_tokens)
+                    or (max_rows is not None and len(cur) >= max_rows)):
             batches.append(cur)
             cur, w = [], len(units[i])
         cur.append(i)

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trace_gym.run import EnvSpec
 from trace_gym.task import split_counts
+from trace_gym.trainers.batching import micro_batches
 from trace_gym.trainers.presets import TinySpec, cache_root, tiny_model_dir
 
 
@@ -133,24 +134,6 @@ def length_grouped_batches(lengths: Sequence[int], batch_size: int, rng: random.
     return batches
 
 
-def micro_batches(batch: Sequence[Example], size: int, tokens: int | None) -> list[list[Example]]:
-    """``batch`` split in order into forward passes of at most ``size`` sequences and at most
-    ``tokens`` padded tokens (``None``: no token bound); a sequence longer than ``tokens`` goes alone."""
-    out: list[list[Example]] = []
-    cur: list[Example] = []
-    longest = 0
-    for e in batch:
-        n = len(e.ids)
-        if cur and (len(cur) >= size or (tokens is not None and (len(cur) + 1) * max(longest, n) > tokens)):
-            out.append(cur)
-            cur, longest = [], 0
-        cur.append(e)
-        longest = max(longest, n)
-    if cur:
-        out.append(cur)
-    return out
-
-
 def pad_batch(examples: Sequence[Example], pad_id: int, device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ``(input_ids, attention_mask, loss_mask)``."""
     width = max(len(e.ids) for e in examples)
@@ -213,8 +196,8 @@ def train_sft(model: Any, pad_id: int, examples: Sequence[Example], cfg: SFTConf
         n_tok = sum(sum(e.mask[1:]) for e in batch)
         opt.zero_grad(set_to_none=True)
         loss_sum = 0.0
-        for micro in micro_batches(batch, cfg.micro_batch_size, cfg.micro_batch_tokens):
-            ids, attn, m = pad_batch(micro, pad_id, device)
+        for micro in micro_batches([e.ids for e in batch], cfg.micro_batch_tokens, cfg.micro_batch_size):
+            ids, attn, m = pad_batch([batch[i] for i in micro], pad_id, device)
             with _autocast(device):
                 nll, _ = masked_nll(model, ids, attn, m)
             (nll / max(n_tok, 1)).backward()
