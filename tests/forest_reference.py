@@ -310,7 +310,7 @@ def solve_roots(v, budget: int, m_min: int = 2, m_max: int = 0) -> list[int]:
         placed[1] -= gained[K - 1]
     top = max(value.values())
     tol = 1e-13 * max(1.0, top)
-    best = max((K for K in value if value[K] >= top - tol), key=lambda K: (spend[K], -K))
+    best = max((K for K in value if value[K] >= top - tol), key=lambda K: (spend[K], K))
     if best == 0:
         return out
     taken = [0] * best

@@ -368,6 +368,21 @@ def test_trace_stage1_group_minimum(world):
         trace_gym.make_allocator("trace", root_fraction=0.0)
 
 
+def test_trace_spreads_stage1_when_every_prompt_is_predicted_to_fail(world):
+    """A real policy that failed everywhere so far makes the predictor say 0 for every prompt:
+    no allocation can be mixed in expectation, and stage 1 must still sample groups over many
+    prompts (before, the whole stage-1 budget went to one prompt)."""
+    zero = trace_gym.make_predictor("hashed")
+    zero.predict = lambda histories: np.zeros(len(histories))
+    budget = Budget(128, group_size=4)
+    alloc = trace_gym.make_allocator("trace", stage2="uniform")
+    f, spend = _step(world, alloc, budget, zero, pool=np.arange(64), seed=1)
+    roots = f.traj_origin[f.parent[f.traj_origin] < 0]
+    counts = np.bincount(f.tree[roots], minlength=f.n_trees)
+    assert counts.sum() == budget.root_trajectories
+    assert (counts > 0).sum() == budget.root_trajectories // 2 and set(counts[counts > 0].tolist()) == {2}
+
+
 def test_trace_stage_names_and_the_papers_rule(world):
     budget = Budget(256, root_fraction=0.5)
     # stage2="none": stage 1 spends the whole budget and nothing branches

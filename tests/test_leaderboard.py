@@ -474,3 +474,37 @@ def test_model_tracks_run_through_the_rollout_engine_and_the_trainer(tmp_path):
             assert [(e.step, e.trajectories, e.tasks) for e in r.evals] == [(0, 0, 4), (1, 8, 4)]
             assert 0.0 <= r.final["accuracy"] <= 1.0
     assert (tmp_path / "out" / "accuracy_vs_budget.png").is_file()
+
+
+def test_rollout_failures_are_reported_not_hidden(tmp_path, monkeypatch, capsys):
+    """A row whose generations fail (here every other call of the policy raises, as a GPU that
+    runs out of memory would) says so: a warning with the error on the console, its share in
+    the record's ``failed_share`` and a 'failed' column in the table. Rows without failures
+    leave the column out."""
+    from trace_gym.policies.hf import HFPolicy
+
+    real, calls = HFPolicy.generate, [0]
+
+    def flaky(self, prompts, params):
+        calls[0] += 1
+        if calls[0] % 2 == 0:
+            raise RuntimeError("CUDA out of memory (planted by the test)")
+        return real(self, prompts, params)
+
+    policy = {"name": "hf", "model": "tiny", "max_new_tokens": 8}
+    env = {"id": "trace_gym/MathCalc-v0", "kwargs": {"max_turns": 2}}
+    suite = write_suite(tmp_path / "flaky.yaml", {"suite": "flaky", "seeds": [0], "tracks": [
+        {"name": "alloc", "kind": "allocation", "envs": [env], "policy": policy, "allocators": ["grpo"],
+         "budget": {"trajectories": 8, "prompts": 4, "group_size": 2}, "steps": 2}]})
+    assert run_cli("run", suite, "--out", tmp_path / "clean", "--no-progress") == 0
+    assert "failed" not in (tmp_path / "clean" / "leaderboard.md").read_text().split("\n| rank")[1].split("\n")[0]
+    monkeypatch.setattr(HFPolicy, "generate", flaky)
+    capsys.readouterr()
+    assert run_cli("run", suite, "--out", tmp_path / "flaky", "--no-progress") == 0
+    err = capsys.readouterr().err
+    assert "warning:" in err and "trajectories failed" in err and "planted by the test" in err
+    (record,) = [lr.record for lr in load_records([tmp_path / "flaky"])]
+    failed = sum(s.metrics["failed_trajectories"] for s in record.steps)
+    assert failed > 0 and record.final["failed_share"] == pytest.approx(failed / 16)
+    header = (tmp_path / "flaky" / "leaderboard.md").read_text().split("\n| rank")[1].split("\n")[0]
+    assert "failed ↓" in header

@@ -78,6 +78,16 @@ def test_solve_roots_spends_the_whole_budget_when_it_can():
     # zero-gain prompts only: units still go somewhere, deterministically
     z = solve_roots(np.array([0.0, 1.0, 0.0]), 5)
     assert z.sum() == 5 and z.tolist() == solve_roots(np.array([0.0, 1.0, 0.0]), 5).tolist()
+
+
+def test_solve_roots_spreads_units_that_cannot_raise_the_objective():
+    # every prediction 0 (a policy that failed everywhere so far): no allocation has value, so
+    # the budget goes out in groups of m_min over as many prompts as it covers, not onto one
+    m = solve_roots(np.zeros(64), 64, 2)
+    assert m.sum() == 64 and (m > 0).sum() == 32 and set(m[m > 0].tolist()) == {2}
+    m = solve_roots(np.ones(10), 64, 4)  # fewer prompts than groups: every prompt gets a group
+    assert m.sum() == 64 and (m >= 4).all()
+    assert solve_roots(np.zeros(64), 64, 2).tolist() == ref.solve_roots([0.0] * 64, 64, 2, 0)
     # caps that make the full budget impossible: spend what the caps allow, never more
     assert solve_roots(np.array([0.5, 0.5]), 7, 2, 3).tolist() == [3, 3]
     assert solve_roots(np.array([0.5]), 1, 2).tolist() == [0]

@@ -172,3 +172,33 @@ def test_rows_whose_spend_differs_are_flagged(two_seeds):
     assert "* marks rows that spent different trajectories" in render_markdown([group])
     (even,) = rank(records)
     assert not any(row[head.index("trajectories/seed")].endswith("*") for row in _table(even)[1])
+
+
+def test_parallel_suite_writes_the_records_a_sequential_run_writes(tmp_path):
+    """benchmarks/parallel_suite.py runs each (track, allocator) of a suite in its own process
+    and merges them; `leaderboard run` on the merged folder then finds every record (same
+    rows, budgets and seeds) and runs nothing."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    suite = tmp_path / "two.yaml"
+    suite.write_text(yaml.safe_dump({"suite": "two", "seeds": [0, 1], "tracks": [{
+        "name": "cl", "kind": "allocation", "envs": ["trace_gym/ContrastLab-v0"], "policy": {"name": "sim"},
+        "allocators": ["grpo", {"name": "trace", "kwargs": {"stage2": "uniform"}, "label": "trace-u"}],
+        "budget": {"trajectories": 64, "prompts": 32}, "steps": 2}]}))
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(repo / "benchmarks" / "parallel_suite.py"), str(suite), "--out", str(out),
+                           "--jobs", "2", "--threads", "1"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 of 2 rows finished" in done.stdout
+    assert sorted(p.name for p in (out / "parts").glob("*.yaml")) == ["00.yaml", "01.yaml"]
+    lines = (out / "records.jsonl").read_text().splitlines()
+    assert len(lines) == 4  # 2 allocators x 2 seeds
+    again = subprocess.run([sys.executable, "-m", "trace_gym.cli.main", "leaderboard", "run", str(suite), "--out", str(out),
+                            "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert (out / "records.jsonl").read_text().splitlines() == lines  # nothing run again, nothing set aside
+    assert not (out / "records.earlier.jsonl").exists()

@@ -9,7 +9,7 @@ from typing import Any
 
 from trace_gym.leaderboard.records import EvalPoint
 from trace_gym.leaderboard.runner import (
-    TRAINING_FINAL, RunResult, mean_metrics, register_preflight, register_source, register_training_runner, row_spec,
+    TRAINING_FINAL, RunResult, failed_share, mean_metrics, register_preflight, register_source, register_training_runner, row_spec,
 )
 from trace_gym.leaderboard.sources import resolve_config_path
 from trace_gym.leaderboard.spec import AllocatorEntry, EnvEntry, SuiteError, TrackSpec
@@ -264,7 +264,7 @@ def model_training(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
                        "effective_token_ratio": rec.get("effective_token_ratio"), "reward_mean": rec.get("reward/mean"),
                        "brier": rec.get("calibration/brier"), "ece": rec.get("calibration/ece"), "auc": rec.get("calibration/auc"),
                        "loss": rec.get("update/loss"), "step_s": rec.get("time/step"), "branches": rec.get("branches"),
-                       "prompts": rec.get("spent/prompts")}
+                       "prompts": rec.get("spent/prompts"), "failed_trajectories": rec.get("spent/failed_trajectories")}
             steps.append(StepRecord(step=i, trajectories=traj, tokens=tok, metrics={k: clean_metric(v) for k, v in metrics.items()}))
             add_eval(i + 1, rec)
             if on_step:
@@ -277,5 +277,6 @@ def model_training(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
     if not evals or evals[-1].step != track.steps:
         raise RuntimeError(f"the trainer reported no held-out accuracy for {env.id} after step {track.steps}")
     final = mean_metrics(steps, TRAINING_FINAL)
-    final.update(accuracy=evals[-1].accuracy, pass_at_k=evals[-1].pass_at_k, accuracy_gain=evals[-1].accuracy - evals[0].accuracy)
+    final.update(accuracy=evals[-1].accuracy, pass_at_k=evals[-1].pass_at_k, accuracy_gain=evals[-1].accuracy - evals[0].accuracy,
+                 failed_share=failed_share(steps))
     return RunResult(steps=steps, evals=evals, final=final, wall_s=time.perf_counter() - t0)

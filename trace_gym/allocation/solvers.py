@@ -25,7 +25,10 @@ a greedy over "blocks of m_min" is optimal. What makes it exact and still fast:
   greedy over the active prompts.
 * Sweep K from its largest value down to 0: dropping the K-th prompt frees its extras
   and m_min units, which go greedily to the others. Each K's optimum is thus one heap
-  sweep, and the best K (ties: more units spent, then fewer prompts) is re-solved once.
+  sweep, and the best K (ties: more units spent, then more prompts) is re-solved once.
+  More prompts on a tie: when no unit can raise the objective (every prediction 0 or 1,
+  e.g. after a step in which every rollout failed), the budget goes out in groups of
+  ``m_min`` over as many prompts as it covers instead of piling onto one prompt.
 
 Ties between equal gains go to the lower index (stage 1: larger p, then lower index), so
 results are deterministic. Both solvers spend the whole budget whenever the caps allow:
@@ -216,7 +219,7 @@ def _solve_roots_kernel(v, budget, m_min, m_max, tie_rtol):
             top = value[K]
     tol = tie_rtol * max(1.0, top)
     for K in range(1, kmax + 1):
-        if value[K] >= top - tol and (value[best] < top - tol or spend[K] > spend[best]):
+        if value[K] >= top - tol and (value[best] < top - tol or spend[K] >= spend[best]):
             best = K
     if best == 0:
         return out

@@ -38,8 +38,9 @@ RANK_METRIC = {"allocation": "effective_sample_ratio/grpo", "training": "accurac
 
 TABLE_METRICS = {
     "allocation": ["effective_sample_ratio/grpo", "effective_sample_ratio", "effective_ratio", "effective_token_ratio",
-                   "auc_prefix", "auc_root", "brier_prefix", "brier_root", "brier", "ece", "auc"],
-    "training": ["accuracy", "accuracy_gain", "pass_at_k", "effective_ratio", "effective_sample_ratio", "reward_mean"],
+                   "auc_prefix", "auc_root", "brier_prefix", "brier_root", "brier", "ece", "auc", "failed_share"],
+    "training": ["accuracy", "accuracy_gain", "pass_at_k", "effective_ratio", "effective_sample_ratio", "reward_mean",
+                 "failed_share"],
 }
 """Final metrics shown in leaderboard tables, per track kind (absent ones are skipped).
 Calibration comes in two kinds: ``auc_prefix``/``auc_root``/``brier_prefix``/``brier_root``,
@@ -50,7 +51,7 @@ predicted during its run (other envs, and ContrastLab records written before the
 rows choose their own nodes, so those are labelled "own nodes" and are not comparable
 between rows."""
 
-LOWER_IS_BETTER = {"brier", "ece", "brier_prefix", "brier_root"}
+LOWER_IS_BETTER = {"brier", "ece", "brier_prefix", "brier_root", "failed_share"}
 
 
 class RecordError(ValueError):

@@ -33,6 +33,7 @@ METRIC_LABELS = {
     "accuracy_gain": "acc. gain",
     "pass_at_k": "pass@k",
     "reward_mean": "reward",
+    "failed_share": "failed",
 }
 
 PLOTS = {"effective_ratio": "effective_ratio.png", "accuracy": "accuracy_vs_budget.png"}
@@ -109,6 +110,8 @@ LEGEND = {
     "accuracy_gain": "acc. gain: held-out acc. minus that of the starting policy",
     "pass_at_k": "pass@k: share of held-out tasks solved at least once in k samples",
     "reward_mean": "reward: mean reward of the step's trajectories",
+    "failed_share": "failed: share of the row's trajectories that failed (a generation or env error; counted as spent, "
+                    "with no outcome): its figures rest on fewer trajectories, and the run's log names the errors",
 }
 
 

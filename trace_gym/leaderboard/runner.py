@@ -148,6 +148,34 @@ class RunResult:
     evals: list[EvalPoint] = field(default_factory=list)
     final: dict[str, float | None] = field(default_factory=dict)
     wall_s: float = 0.0
+    errors: list[str] = field(default_factory=list)  # the first distinct rollout errors (not recorded; reported)
+
+
+def failed_share(steps: Sequence[StepRecord]) -> float | None:
+    """Share of a run's trajectories that failed (a generation or env error), None when none did:
+    the ``failed_share`` column, which tables show only when some row has failures."""
+    failed = sum(float(s.metrics.get("failed_trajectories") or 0.0) for s in steps)
+    spent = sum(s.trajectories for s in steps)
+    return failed / spent if failed > 0 and spent > 0 else None
+
+
+def source_failures(source: Any) -> list[Any]:
+    """The :class:`~trace_gym.rollout.engine.Failure` list of a rollout source (or of the source
+    it wraps, ``.inner``) for the step that just ran; empty when it keeps none."""
+    for s in (source, getattr(source, "inner", None)):
+        failures = getattr(s, "failures", None)
+        if failures is not None:
+            return list(failures)
+    return []
+
+
+def first_errors(errors: list[str], new: Sequence[str], keep: int = 3) -> None:
+    """Add the errors of ``new`` not yet in ``errors``, up to ``keep`` in all."""
+    for e in new:
+        if len(errors) >= keep:
+            return
+        if e not in errors:
+            errors.append(e)
 
 
 def row_spec(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed: int) -> RunSpec:
@@ -249,11 +277,14 @@ def run_allocation(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
     t0 = time.perf_counter()
     step = allocation_step(track, env, alloc, seed, cache)
     steps: list[StepRecord] = []
+    errors: list[str] = []
     for i in range(track.steps):
         steps.append(step_record(step.run(i)))
+        first_errors(errors, [f.error for f in source_failures(step.source)])
         if on_step:
             on_step(i)
     final = mean_metrics(steps, ALLOCATION_FINAL)
+    final["failed_share"] = failed_share(steps)
     shared = shared_calibration(track, env, seed, step, cache)
     if shared is not None:
         for k in OWN_NODE_CALIBRATION:
@@ -261,7 +292,7 @@ def run_allocation(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
         final.update(shared)
     if hasattr(step.source, "finish"):
         step.source.finish()
-    return RunResult(steps=steps, final=final, wall_s=time.perf_counter() - t0)
+    return RunResult(steps=steps, final=final, wall_s=time.perf_counter() - t0, errors=errors)
 
 
 def resolve_predictor(track: TrackSpec, alloc: AllocatorEntry) -> ComponentSpec | None:
@@ -542,6 +573,12 @@ def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, res
             cache = caches.setdefault(plan.track.name, {"progress": progress, "console": console})
             runner = run_allocation if plan.track.kind == "allocation" else run_training
             result = runner(plan.track, plan.env, plan.alloc, plan.seed, cache, on_step)
+            failed = sum(float(s.metrics.get("failed_trajectories") or 0.0) for s in result.steps)
+            if failed:
+                spent = sum(s.trajectories for s in result.steps)
+                console.print(f"[yellow]warning:[/yellow] {plan.label}: {failed:.0f} of {spent} trajectories failed (counted "
+                              f"as spent; the table's 'failed' column)" + (": " + " | ".join(result.errors) if result.errors else ""),
+                              highlight=False, soft_wrap=True)
             record = _seal(spec, plan, result, run_id, provenance)
             write_records(records_path, [record], append=True)
             records.append(record)
@@ -551,7 +588,7 @@ def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, res
 
 __all__ = [
     "ALLOCATION_FINAL", "EARLIER_FILE", "OWN_NODE_CALIBRATION", "RolloutSource", "SHARED_CALIBRATION", "SuiteRecords",
-    "allocation_step", "calibration_metrics", "move_aside", "register_shared_evaluation", "shared_calibration",
+    "allocation_step", "calibration_metrics", "failed_share", "first_errors", "source_failures", "move_aside", "register_shared_evaluation", "shared_calibration",
     "read_record_file", "sort_records", "row_spec", "step_record", "RunPlan", "RunResult", "TRAINING_FINAL", "eval_steps",
     "git_commit", "mean_metrics", "preflight", "make_source", "package_versions", "plan_suite",
     "register_source", "register_training_runner", "resolve_advantage", "resolve_predictor", "row_config", "run_allocation", "run_suite", "run_training",
