@@ -84,6 +84,30 @@ def trajectories_to_reach(c: dict[str, np.ndarray], target: float, x: str = "tra
     return float("inf")
 
 
+def mean_curve_ratio(tcs: list[dict[str, np.ndarray]], gcs: list[dict[str, np.ndarray]], key: str) -> float:
+    """Trajectories (``key="trajectories"``) or tokens trace's seed-averaged curve needs to first
+    reach grpo's seed-averaged final accuracy, over grpo's (inf: never reached)."""
+    def avg(cs):
+        return {"acc": np.mean([c["acc"] for c in cs], axis=0), "trajectories": cs[0]["trajectories"],
+                "tokens": np.mean([c["tokens"] for c in cs], axis=0)}
+    tm, gm = avg(tcs), avg(gcs)
+    return trajectories_to_reach(tm, float(gm["acc"][-1]), key) / float(gm[key][-1])
+
+
+def bootstrap_interval(tcs, gcs, key: str, resamples: int = 2000, target: float = 0.6) -> dict[str, float]:
+    """95% percentile interval of :func:`mean_curve_ratio` over seeds resampled with
+    replacement (seed i's trace and grpo runs together), and the share of resamples at or
+    below ``target``. A bound is inf when more than 2.5% of resamples never reach grpo."""
+    rng = np.random.default_rng(0)
+    n = len(tcs)
+    vals = np.array([mean_curve_ratio([tcs[i] for i in idx], [gcs[i] for i in idx], key)
+                     for idx in (rng.integers(0, n, n) for _ in range(resamples))])
+    lo, hi = np.percentile(np.where(np.isfinite(vals), vals, np.finfo(float).max), [2.5, 97.5])
+    big = np.finfo(float).max / 2
+    return {"low": float(lo) if lo < big else float("inf"), "high": float(hi) if hi < big else float("inf"),
+            "share_at_most_target": float(np.mean(vals <= target)), "target": target}
+
+
 def compare(curves: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Any]:
     """Per-seed and mean figures of trace against grpo."""
     out: dict[str, Any] = {"seeds": []}
@@ -111,6 +135,8 @@ def compare(curves: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Any]:
           "tokens": np.mean([c["tokens"] for c in curves["grpo"]], axis=0)}
     mean["trajectory_ratio_of_mean_curves"] = trajectories_to_reach(tm, float(gm["acc"][-1])) / float(gm["trajectories"][-1])
     mean["token_ratio_of_mean_curves"] = trajectories_to_reach(tm, float(gm["acc"][-1]), "tokens") / float(gm["tokens"][-1])
+    mean["token_ratio_interval"] = bootstrap_interval(curves["trace"], curves["grpo"], "tokens")
+    mean["trajectory_ratio_interval"] = bootstrap_interval(curves["trace"], curves["grpo"], "trajectories", target=0.5)
     out["mean"] = mean
     return out
 
@@ -149,7 +175,11 @@ def report(name: str, cmp: dict[str, Any], seconds: float) -> list[str]:
     lines += ["", f"mean: start {m['start']:.3f}, trace {m['trace_final']:.3f} ({m['trace_gain']:+.3f}), grpo {m['grpo_final']:.3f} ({m['grpo_gain']:+.3f}); "
               f"trajectory ratio median {m['trajectory_ratio']:.2f}, on the mean curves {m['trajectory_ratio_of_mean_curves']:.2f} "
               f"(target <= 0.5: {'met' if m['trajectory_ratio_of_mean_curves'] <= 0.5 else 'MISSED'}); token ratio on the mean curves "
-              f"{m['token_ratio_of_mean_curves']:.2f}; tokens spent trace {m['trace_tokens']:.0f} vs grpo {m['grpo_tokens']:.0f}; wall {seconds:.0f} s", ""]
+              f"{m['token_ratio_of_mean_curves']:.2f} (target <= 0.6: {'met' if m['token_ratio_of_mean_curves'] <= 0.6 else 'MISSED'}); "
+              f"tokens spent trace {m['trace_tokens']:.0f} vs grpo {m['grpo_tokens']:.0f}; wall {seconds:.0f} s",
+              "95% bootstrap intervals over seeds (inf: more than 2.5% of resamples never reach grpo's final accuracy): "
+              + "; ".join(f"{k.split('_')[0]} ratio [{m[k]['low']:.2f}, {m[k]['high']:.2f}], {m[k]['share_at_most_target']:.0%} of "
+                          f"resamples <= {m[k]['target']}" for k in ("token_ratio_interval", "trajectory_ratio_interval")), ""]
     return lines
 
 
@@ -200,33 +230,43 @@ def quick(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str
     # the warm start first, alone (the workers then find it cached)
     warm = out / "quick-sft.log"
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads * args.workers), HF_HUB_OFFLINE="1")
-    code = ("import sys, time, torch; from trace_gym.trainers.config import load_config; from trace_gym.trainers.sft import warm_start;"
-            f"torch.set_num_threads({args.threads * args.workers}); c = load_config(sys.argv[1]); t = time.time();"
-            "d = warm_start(c.model.name, c.sft.sft(), tiny=c.model.tiny); print(d, round(time.time() - t, 1))")
-    with open(warm, "w") as fh:
-        subprocess.run([sys.executable, "-c", code, cfg], env=env, stdout=fh, stderr=subprocess.STDOUT, check=True, cwd=ROOT)
+    if not args.report_only:
+        code = ("import sys, time, torch; from trace_gym.trainers.config import load_config; from trace_gym.trainers.sft import warm_start;"
+                f"torch.set_num_threads({args.threads * args.workers}); c = load_config(sys.argv[1]); t = time.time();"
+                "d = warm_start(c.model.name, c.sft.sft(), tiny=c.model.tiny); print(d, round(time.time() - t, 1))")
+        with open(warm, "w") as fh:
+            subprocess.run([sys.executable, "-c", code, cfg], env=env, stdout=fh, stderr=subprocess.STDOUT, check=True, cwd=ROOT)
     t_sft = time.perf_counter() - t0
     jobs = []
     extra = [f"steps={args.steps}"] if args.steps else []
+    # the config's allocator (the default trace), other allocator specs (--variants), grpo
+    variants = [("trace", [])] + [(v, v.split(";")) for v in args.variants]
     for seed in args.seeds:
-        for alloc, over in (("trace", []), ("grpo", ["allocator.name=grpo", "advantage=grpo"])):
-            d = out / f"quick-{alloc}-s{seed}"
-            if d.exists():
+        for alloc, over in variants + [("grpo", ["allocator.name=grpo", "advantage=grpo"])]:
+            d = out / f"quick-{''.join(c if c.isalnum() else '-' for c in alloc)}-s{seed}"
+            if d.exists() and not args.report_only:
                 import shutil
 
                 shutil.rmtree(d)
             jobs.append((alloc, seed, d, [f"seed={seed}", f"output_dir={d}", "log.tensorboard=false", *extra, *over]))
     t1 = time.perf_counter()
-    with ThreadPoolExecutor(args.workers) as pool:
-        list(pool.map(lambda j: run_train(cfg, j[3], args.threads, out / f"{j[2].name}.log"), jobs))
+    if not args.report_only:
+        with ThreadPoolExecutor(args.workers) as pool:
+            list(pool.map(lambda j: run_train(cfg, j[3], args.threads, out / f"{j[2].name}.log"), jobs))
     t_rl = time.perf_counter() - t1
-    curves = {"trace": [], "grpo": []}
+    curves: dict[str, list] = {name: [] for name, _ in variants + [("grpo", [])]}
     for alloc, _, d, _ in jobs:
         curves[alloc].append(curve(d, "MathCalc-v0"))
-    cmp = compare(curves)
-    cmp["seconds"] = {"sft_warm_start": t_sft, "rl_runs": t_rl}
-    plot(curves, "quick preset on MathCalc: held-out accuracy (mean@k)", out / "quick.png")
-    lines = report("Quick preset: tiny model on MathCalc (held-out mean@k)", cmp, t_rl)
+    lines = []
+    for name, _ in variants:
+        c = compare({"trace": curves[name], "grpo": curves["grpo"]})
+        c["seconds"] = {"sft_warm_start": t_sft, "rl_runs": t_rl}
+        if name == "trace":
+            cmp = c
+            plot({"trace": curves[name], "grpo": curves["grpo"]}, "quick preset on MathCalc: held-out accuracy (mean@k)", out / "quick.png")
+        else:
+            cmp.setdefault("variants", {})[name] = c
+        lines += report(f"Quick preset: tiny model on MathCalc (held-out mean@k), {name} (in the 'trace' columns) vs grpo", c, t_rl)
     lines.insert(-1, f"SFT warm start {t_sft:.0f} s (0 when cached); RL runs {t_rl:.0f} s with {args.workers} workers x {args.threads} thread(s)")
     return cmp, lines
 
@@ -274,10 +314,15 @@ def main() -> int:
     p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=None, help="RL steps of the quick preset (default: the config's)")
     p.add_argument("--workers", type=int, default=2, help="training processes at a time")
+    p.add_argument("--variants", nargs="*", default=[],
+                   help="quick preset: more runs beside the config's trace and grpo, each compared with grpo; one variant is "
+                        "';'-separated config overrides, e.g. 'allocator=trace:root_fraction=0.25' 'advantage=tree_grpo'")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--only", choices=["contrastlab", "quick", "smollm2"], default=None,
                    help="run one part (default: contrastlab and quick; smollm2 only when asked, it is slow on CPU)")
     p.add_argument("--out", default=str(ROOT / "results" / "train_bench"))
+    p.add_argument("--report-only", action="store_true",
+                   help="quick preset: train nothing, report the runs already in --out (same seeds and variants)")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

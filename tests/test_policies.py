@@ -338,3 +338,24 @@ def test_hf_backend_on_cuda_in_bf16_drives_the_engine(tmp_path):
     assert spend.trajectories == 16 and check_exact_prefixes(forest, spy) == spend.branches > 0
     check_replay("trace_gym/ContrastLab-v0", {"seed": 0}, forest)
     check_accounting(forest, spy)
+
+
+def test_sampling_follows_the_temperature_scaled_distribution():
+    """The hf backend's sampler draws each row's token from softmax(logits / T) (top-p
+    truncated), never a zero-probability token, reproducibly under a seeded generator, and
+    returns each token's log-prob under that distribution."""
+    from trace_gym.policies.base import SamplingParams
+    from trace_gym.policies.hf import _sample
+
+    logits = torch.log(torch.tensor([0.1, 0.0, 0.6, 0.3, 1e-30])).repeat(40_000, 1)
+    tok, lp = _sample(logits, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    freq = torch.bincount(tok, minlength=5).double() / tok.numel()
+    assert torch.allclose(freq, torch.tensor([0.1, 0.0, 0.6, 0.3, 0.0], dtype=torch.double), atol=0.01)
+    assert torch.allclose(lp, torch.log_softmax(logits, -1).gather(1, tok[:, None]).squeeze(1))
+    again, _ = _sample(logits, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    assert torch.equal(tok, again)
+    hot, _ = _sample(logits[:, [0, 2]], SamplingParams(temperature=2.0), torch.Generator().manual_seed(1))
+    p0 = (0.1 ** 0.5) / (0.1 ** 0.5 + 0.6 ** 0.5)  # softmax(log p / 2)
+    assert abs((hot == 0).double().mean().item() - p0) < 0.01
+    nucleus, _ = _sample(logits, SamplingParams(temperature=1.0, top_p=0.5), torch.Generator().manual_seed(2))
+    assert set(nucleus.tolist()) == {2}  # the smallest set with mass >= 0.5 is the 0.6 token alone

@@ -542,5 +542,10 @@ def _sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator |
         cut = sorted_p.cumsum(-1) - sorted_p > params.top_p
         sorted_p = sorted_p.masked_fill(cut, 0.0)
         probs = torch.zeros_like(probs).scatter(1, order, sorted_p)
-    tok = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+    # inverse-CDF sampling: the same distribution as torch.multinomial, one cumsum and a binary
+    # search per row (multinomial over a 49k vocabulary costs ~15 ms per row batch on a CPU);
+    # right=True never lands on a zero-probability token (its CDF equals its predecessor's)
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand((probs.shape[0], 1), generator=gen, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    tok = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[1] - 1).squeeze(1)
     return tok, logp.gather(1, tok[:, None]).squeeze(1)
