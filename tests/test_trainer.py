@@ -332,3 +332,28 @@ def test_nan_behaviour_logprobs_with_is_correction_name_the_backend(tmp_path, mo
     record = trainer.step()
     assert record["update/trained_tokens"] > 0
     assert all(math.isfinite(record[k]) for k in ("update/loss", "update/grad_norm", "update/behaviour_logp_gap"))
+
+
+def test_a_step_with_failed_generations_warns_with_the_error(tmp_path, monkeypatch):
+    """Failed trajectories are spent budget without an outcome: the trainer says so in its log
+    for the step, with the error text, and the step's record counts them."""
+    from trace_gym.trainers.config import RLConfig
+    from trace_gym.trainers.rl import RLTrainer
+
+    monkeypatch.setenv("TRACE_GYM_CACHE", str(CACHE))
+    cfg = RLConfig.model_validate({
+        "seed": 0, "steps": 1, "output_dir": str(tmp_path / "run"), "envs": MICRO["envs"],
+        "model": {"name": "tiny", "tiny": MICRO["model"]["tiny"]}, "sft": {"enabled": False}, "rollout": {"max_new_tokens": 6},
+        "allocator": "grpo", "budget": {"trajectories": 4, "prompts": 2, "group_size": 2},
+        "loss": {"skip_zero_advantage": False}, "log": {"tensorboard": False, "progress": False}})
+    said: list[str] = []
+    trainer = RLTrainer(cfg, log=said.append)
+
+    def broken(prompts, params):
+        raise RuntimeError("device lost (planted by the test)")
+
+    trainer.policy.generate = broken
+    record = trainer.step()
+    assert record["spent/failed_trajectories"] == 4
+    warnings = [m for m in said if m.startswith("warning: step 1")]
+    assert warnings and "4 of 4 trajectories failed" in warnings[0] and "device lost (planted by the test)" in warnings[0]

@@ -340,6 +340,13 @@ class RLTrainer:
         # 7. metrics, checkpoint
         self.step_index = step
         record = self._step_metrics(result.metrics)
+        failed = int(result.metrics.get("spent/failed_trajectories", 0))
+        if failed:  # spent budget without an outcome: say so, with the errors, every step it happens
+            from trace_gym.rollout.source import failure_summary, source_failures
+
+            errors = failure_summary(source_failures(self.source))
+            self.say(f"warning: step {step}: {failed} of {int(result.metrics.get('spent/trajectories', 0))} trajectories failed"
+                     + (f": {errors}" if errors else ""))
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
             t0 = time.perf_counter()
             record.update(self.evaluate(step))

@@ -159,24 +159,6 @@ def failed_share(steps: Sequence[StepRecord]) -> float | None:
     return failed / spent if failed > 0 and spent > 0 else None
 
 
-def source_failures(source: Any) -> list[Any]:
-    """The :class:`~trace_gym.rollout.engine.Failure` list of a rollout source (or of the source
-    it wraps, ``.inner``) for the step that just ran; empty when it keeps none."""
-    for s in (source, getattr(source, "inner", None)):
-        failures = getattr(s, "failures", None)
-        if failures is not None:
-            return list(failures)
-    return []
-
-
-def first_errors(errors: list[str], new: Sequence[str], keep: int = 3) -> None:
-    """Add the errors of ``new`` not yet in ``errors``, up to ``keep`` in all."""
-    for e in new:
-        if len(errors) >= keep:
-            return
-        if e not in errors:
-            errors.append(e)
-
 
 def row_spec(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed: int) -> RunSpec:
     """The :class:`~trace_gym.run.RunSpec` of one leaderboard row and seed."""
@@ -274,13 +256,17 @@ def run_allocation(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
     """One allocation-track run: ``track.steps`` steps of the row's :class:`~trace_gym.step.Step`.
     Where the env has a shared evaluation set (ContrastLab), the predictor is then scored on
     it (:data:`SHARED_CALIBRATION`) in place of the own-node :data:`OWN_NODE_CALIBRATION`."""
+    from trace_gym.rollout.source import failure_summary, source_failures
+
     t0 = time.perf_counter()
     step = allocation_step(track, env, alloc, seed, cache)
     steps: list[StepRecord] = []
     errors: list[str] = []
     for i in range(track.steps):
         steps.append(step_record(step.run(i)))
-        first_errors(errors, [f.error for f in source_failures(step.source)])
+        for e in failure_summary(source_failures(step.source)).split(" | "):
+            if e and e not in errors and len(errors) < 3:
+                errors.append(e)
         if on_step:
             on_step(i)
     final = mean_metrics(steps, ALLOCATION_FINAL)
@@ -588,7 +574,7 @@ def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, res
 
 __all__ = [
     "ALLOCATION_FINAL", "EARLIER_FILE", "OWN_NODE_CALIBRATION", "RolloutSource", "SHARED_CALIBRATION", "SuiteRecords",
-    "allocation_step", "calibration_metrics", "failed_share", "first_errors", "source_failures", "move_aside", "register_shared_evaluation", "shared_calibration",
+    "allocation_step", "calibration_metrics", "failed_share", "move_aside", "register_shared_evaluation", "shared_calibration",
     "read_record_file", "sort_records", "row_spec", "step_record", "RunPlan", "RunResult", "TRAINING_FINAL", "eval_steps",
     "git_commit", "mean_metrics", "preflight", "make_source", "package_versions", "plan_suite",
     "register_source", "register_training_runner", "resolve_advantage", "resolve_predictor", "row_config", "run_allocation", "run_suite", "run_training",

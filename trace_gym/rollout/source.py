@@ -113,4 +113,25 @@ def build_envs(specs: Sequence[Any], seed: int) -> list[AgentEnv]:
     return [make(s.id, **{"seed": seed, **s.kwargs}) for s in specs]
 
 
-__all__ = ["EngineSource", "build_envs", "step_seed"]
+def source_failures(source: Any) -> list[Failure]:
+    """The :class:`~trace_gym.rollout.engine.Failure` list of a rollout source (or of the
+    source it wraps, ``.inner``) for the step that just ran; empty when it keeps none."""
+    for s in (source, getattr(source, "inner", None)):
+        failures = getattr(s, "failures", None)
+        if failures is not None:
+            return list(failures)
+    return []
+
+
+def failure_summary(failures: Sequence[Failure], keep: int = 3) -> str:
+    """The first ``keep`` distinct error texts of ``failures``, joined with ``" | "``."""
+    seen: list[str] = []
+    for f in failures:
+        if f.error not in seen:
+            seen.append(f.error)
+            if len(seen) == keep:
+                break
+    return " | ".join(seen)
+
+
+__all__ = ["EngineSource", "build_envs", "failure_summary", "source_failures", "step_seed"]
