@@ -9,6 +9,7 @@ default (noisy) cues.
     python benchmarks/allocator_bench.py --seeds 0,1,2     # three seeds; targets checked on the means
     python benchmarks/allocator_bench.py --steps 10        # quicker
     python benchmarks/allocator_bench.py --world cue_flip=0.0   # the exact cues of earlier versions
+    python benchmarks/allocator_bench.py --extra trace:m_min=6:root_fraction=0.75   # more rows
 
 Every distribution runs every built-in allocator (``grpo``, ``uniform``, ``dapo``, ``pcl``,
 ``knapsack``, ``greso``, ``vip``, the default ``trace``, ``trace-paper``, ``oracle``,
@@ -83,6 +84,9 @@ def main() -> None:
                     help="predictor for every allocator that uses one, e.g. hashed:counts=false (default: each one's own)")
     ap.add_argument("--world", default="", metavar="K=V,...",
                     help="ContrastLab settings for a sensitivity run, e.g. cue_flip=0.1 (default: the documented defaults)")
+    ap.add_argument("--extra", default="", metavar="SPEC,...",
+                    help="more allocator specs for every distribution, shown in the summaries (not in the targets), "
+                         "e.g. trace:m_min=6:root_fraction=0.75")
     ap.add_argument("--json", default=None, help="write every run's figures here")
     args = ap.parse_args()
     seeds = [args.seed] if args.seed is not None else [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -93,7 +97,7 @@ def main() -> None:
     for seed in seeds:
         runs[seed] = {}
         for diff in diffs:
-            allocs = ALL + EXTRA if diff == DEFAULT_DIFFICULTY else ALL
+            allocs = (ALL + EXTRA if diff == DEFAULT_DIFFICULTY else ALL) + [x for x in args.extra.split(",") if x]
             cfg = BenchConfig(allocators=allocs, difficulty=diff, steps=args.steps, seed=seed, world=world,
                               predictor=args.predictor)
             t = time.perf_counter()
