@@ -159,7 +159,6 @@ def failed_share(steps: Sequence[StepRecord]) -> float | None:
     return failed / spent if failed > 0 and spent > 0 else None
 
 
-
 def row_spec(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed: int) -> RunSpec:
     """The :class:`~trace_gym.run.RunSpec` of one leaderboard row and seed."""
     policy = {"name": track.policy.name, "kwargs": {**track.policy.kwargs, **({"model": track.policy.model} if track.policy.model else {}),
@@ -256,7 +255,7 @@ def run_allocation(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
     """One allocation-track run: ``track.steps`` steps of the row's :class:`~trace_gym.step.Step`.
     Where the env has a shared evaluation set (ContrastLab), the predictor is then scored on
     it (:data:`SHARED_CALIBRATION`) in place of the own-node :data:`OWN_NODE_CALIBRATION`."""
-    from trace_gym.rollout.source import failure_summary, source_failures
+    from trace_gym.rollout.source import source_failures
 
     t0 = time.perf_counter()
     step = allocation_step(track, env, alloc, seed, cache)
@@ -264,9 +263,9 @@ def run_allocation(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
     errors: list[str] = []
     for i in range(track.steps):
         steps.append(step_record(step.run(i)))
-        for e in failure_summary(source_failures(step.source)).split(" | "):
-            if e and e not in errors and len(errors) < 3:
-                errors.append(e)
+        for f in source_failures(step.source):
+            if f.error not in errors and len(errors) < 3:
+                errors.append(f.error)
         if on_step:
             on_step(i)
     final = mean_metrics(steps, ALLOCATION_FINAL)
@@ -559,10 +558,10 @@ def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, res
             cache = caches.setdefault(plan.track.name, {"progress": progress, "console": console})
             runner = run_allocation if plan.track.kind == "allocation" else run_training
             result = runner(plan.track, plan.env, plan.alloc, plan.seed, cache, on_step)
-            failed = sum(float(s.metrics.get("failed_trajectories") or 0.0) for s in result.steps)
-            if failed:
+            share = result.final.get("failed_share")
+            if share:
                 spent = sum(s.trajectories for s in result.steps)
-                console.print(f"[yellow]warning:[/yellow] {plan.label}: {failed:.0f} of {spent} trajectories failed (counted "
+                console.print(f"[yellow]warning:[/yellow] {plan.label}: {share * spent:.0f} of {spent} trajectories failed (counted "
                               f"as spent; the table's 'failed' column)" + (": " + " | ".join(result.errors) if result.errors else ""),
                               highlight=False, soft_wrap=True)
             record = _seal(spec, plan, result, run_id, provenance)
