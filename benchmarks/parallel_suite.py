@@ -31,17 +31,14 @@ from pathlib import Path
 import yaml
 
 
-def split_suite(name: str, parts_dir: Path, tracks: list[str] | None = None) -> list[tuple[str, Path]]:
-    """Write one suite file per (track, allocator) of ``name``: ``[(label, path)]``."""
-    from trace_gym.leaderboard.spec import load_suite
-
-    spec = load_suite(name).select(tracks)
+def split_suite(spec, parts_dir: Path) -> list[tuple[str, Path]]:
+    """Write one suite file per (track, allocator) of the suite ``spec``: ``[(label, path)]``."""
     parts_dir.mkdir(parents=True, exist_ok=True)
     out = []
     for track in spec.tracks:
         data = track.model_dump(mode="json", exclude_unset=True)
         data["seeds"] = spec.track_seeds(track)
-        for i, alloc in enumerate(track.allocators):
+        for alloc in track.allocators:
             part = dict(data, allocators=[alloc.model_dump(mode="json", exclude_unset=True)])
             path = parts_dir / f"{len(out):02d}.yaml"
             path.write_text(yaml.safe_dump({"suite": spec.suite, "description": spec.description,
@@ -50,13 +47,11 @@ def split_suite(name: str, parts_dir: Path, tracks: list[str] | None = None) -> 
     return out
 
 
-def build_warm_starts(name: str, tracks: list[str] | None) -> None:
-    """Build (or find cached) every track's SFT warm start, once each."""
+def build_warm_starts(spec) -> None:
+    """Build (or find cached) every SFT warm start of the suite ``spec``'s tracks, once each."""
     from trace_gym.leaderboard.runner import preflight
-    from trace_gym.leaderboard.spec import load_suite
     from trace_gym.trainers.leaderboard import warm_start
 
-    spec = load_suite(name).select(tracks)
     preflight(spec, servers=False)
     done: set[str] = set()
     for track in spec.tracks:
@@ -80,13 +75,15 @@ def main() -> int:
     args = ap.parse_args()
     t0 = time.perf_counter()
     out = Path(args.out)
-    tracks = [t for t in args.tracks.split(",") if t] if args.tracks else None
-    parts = split_suite(args.suite, out / "parts", tracks)
+    from trace_gym.leaderboard.spec import load_suite
+
+    spec = load_suite(args.suite).select([t for t in args.tracks.split(",") if t] if args.tracks else None)
+    parts = split_suite(spec, out / "parts")
     print(f"{len(parts)} rows of suite {args.suite}, {args.jobs} at a time", flush=True)
-    build_warm_starts(args.suite, tracks)
+    build_warm_starts(spec)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-P", "-c", "import sys; from trace_gym.cli import main; sys.exit(main())"]
+    cmd = [sys.executable, "-P", "-m", "trace_gym.cli.main"]  # -P: a checkout in the working directory never shadows the install
     waiting, running, finished = list(parts), {}, []
     while waiting or running:
         while waiting and len(running) < args.jobs:

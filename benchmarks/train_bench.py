@@ -129,12 +129,8 @@ def compare(curves: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Any]:
     for k in ratios:
         mean[k] = float(np.median([s[k] for s in out["seeds"]]))
     # the same ratio on the seed-averaged curves
-    tm = {"acc": np.mean([c["acc"] for c in curves["trace"]], axis=0), "trajectories": curves["trace"][0]["trajectories"],
-          "tokens": np.mean([c["tokens"] for c in curves["trace"]], axis=0)}
-    gm = {"acc": np.mean([c["acc"] for c in curves["grpo"]], axis=0), "trajectories": curves["grpo"][0]["trajectories"],
-          "tokens": np.mean([c["tokens"] for c in curves["grpo"]], axis=0)}
-    mean["trajectory_ratio_of_mean_curves"] = trajectories_to_reach(tm, float(gm["acc"][-1])) / float(gm["trajectories"][-1])
-    mean["token_ratio_of_mean_curves"] = trajectories_to_reach(tm, float(gm["acc"][-1]), "tokens") / float(gm["tokens"][-1])
+    mean["trajectory_ratio_of_mean_curves"] = mean_curve_ratio(curves["trace"], curves["grpo"], "trajectories")
+    mean["token_ratio_of_mean_curves"] = mean_curve_ratio(curves["trace"], curves["grpo"], "tokens")
     mean["token_ratio_interval"] = bootstrap_interval(curves["trace"], curves["grpo"], "tokens")
     mean["trajectory_ratio_interval"] = bootstrap_interval(curves["trace"], curves["grpo"], "trajectories", target=0.5)
     out["mean"] = mean

@@ -255,7 +255,7 @@ def run_allocation(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
     """One allocation-track run: ``track.steps`` steps of the row's :class:`~trace_gym.step.Step`.
     Where the env has a shared evaluation set (ContrastLab), the predictor is then scored on
     it (:data:`SHARED_CALIBRATION`) in place of the own-node :data:`OWN_NODE_CALIBRATION`."""
-    from trace_gym.rollout.source import source_failures
+    from trace_gym.rollout.source import distinct_errors, source_failures
 
     t0 = time.perf_counter()
     step = allocation_step(track, env, alloc, seed, cache)
@@ -263,9 +263,7 @@ def run_allocation(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
     errors: list[str] = []
     for i in range(track.steps):
         steps.append(step_record(step.run(i)))
-        for f in source_failures(step.source):
-            if f.error not in errors and len(errors) < 3:
-                errors.append(f.error)
+        distinct_errors(source_failures(step.source), seen=errors)
         if on_step:
             on_step(i)
     final = mean_metrics(steps, ALLOCATION_FINAL)

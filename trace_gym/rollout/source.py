@@ -123,15 +123,21 @@ def source_failures(source: Any) -> list[Failure]:
     return []
 
 
-def failure_summary(failures: Sequence[Failure], keep: int = 3) -> str:
-    """The first ``keep`` distinct error texts of ``failures``, joined with ``" | "``."""
-    seen: list[str] = []
+def distinct_errors(failures: Sequence[Failure], keep: int = 3, seen: list[str] | None = None) -> list[str]:
+    """``seen`` (default: empty) extended with the error texts of ``failures`` not in it yet,
+    up to ``keep`` texts in all."""
+    seen = [] if seen is None else seen
     for f in failures:
+        if len(seen) >= keep:
+            break
         if f.error not in seen:
             seen.append(f.error)
-            if len(seen) == keep:
-                break
-    return " | ".join(seen)
+    return seen
 
 
-__all__ = ["EngineSource", "build_envs", "failure_summary", "source_failures", "step_seed"]
+def failure_summary(failures: Sequence[Failure], keep: int = 3) -> str:
+    """The first ``keep`` distinct error texts of ``failures``, joined with ``" | "``."""
+    return " | ".join(distinct_errors(failures, keep))
+
+
+__all__ = ["EngineSource", "build_envs", "distinct_errors", "failure_summary", "source_failures", "step_seed"]
