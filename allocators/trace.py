@@ -8,13 +8,16 @@ within ``M_root = root_fraction * M``. The paper's ``m_min`` is the budget's
 "half-group"``), so that with ``root_fraction`` 0.5 stage 1 samples at most M / G prompts,
 as many as GRPO.
 
-Stage 2 (``stage2="active"``): every prefix whose subtree is still pure (all leaves below
-it share the outcome ``r``), from the roots that got rollouts down to the last non-terminal
+Stage 2 (``stage2="active"``): a prefix whose subtree is still pure (all leaves below it
+share the outcome ``r``), from the roots that got rollouts down to the last non-terminal
 turn, is a candidate. The predictor scores each, and
 :func:`~trace_gym.allocation.solvers.solve_prefixes` spreads the remaining budget to maximise
 ``sum 1 - (r V + (1-r)(1 - V))^k``, the expected number of prefixes whose subtree becomes
 mixed. A prefix whose subtree is already mixed has nothing left to gain there and is not
-a candidate; if no pure prefix is left at all, the budget goes out uniformly.
+a candidate; if no pure prefix is left at all, the budget goes out uniformly. Which pure
+prefixes compete is ``scope``: every one (``"subtree"``, the paper's and the default), only
+those of trees stage 1 already found mixed (``"mixed"``: every branch lands where GRPO's
+advantage is non-zero), or only those of trees still pure (``"tree"``: mixing more prompts).
 
 Either stage set to ``"uniform"`` uses the :mod:`uniform <trace_gym.allocators.uniform>`
 allocator's rule instead, and ``stage2="none"`` gives stage 1 the whole budget: that is the
@@ -27,8 +30,10 @@ mode (3 seeds): active stage 1, active stage 2 over every pure prefix, the share
 ``hashed`` predictor (no per-prompt counts) and the ``grpo`` advantage (``advantage``, read
 by :func:`trace_gym.run.defaults`), with stage-1 groups of at least G/2 (measured against the
 paper's pairs in the README's "Stage-1 groups"). The paper's exact rule, with the tree-aware
-advantage, is ``trace-paper`` (:class:`TracePaperAllocator`). The figures and why the default differs:
-the README's "Measured" and "Design notes".
+advantage, is ``trace-paper`` (:class:`TracePaperAllocator`). Stage 2 over the pure prefixes of
+mixed trees only (``scope="mixed"``) learns faster in ContrastLab's learning mode but slower on
+the quick preset's real model, which decides. The figures and why the default differs: the
+README's "Measured" and "Design notes".
 
 Options beyond the paper's single pass:
 
@@ -49,9 +54,12 @@ Options beyond the paper's single pass:
   paper's point-estimate stage 1. Stage 2 always uses point estimates.
 * ``rounds=R`` (default 1): stage 2 spends its budget in R equal rounds, re-planning with
   the outcomes seen so far.
-* ``scope="tree"`` (default ``"subtree"``): only prefixes of trees still pure at the root
-  are candidates, i.e. stage 2 maximises mixed *prompts* (the effective ratio) instead of
-  mixed *subtrees* (the contrast the tree-aware advantage uses).
+* ``scope``: which pure prefixes are stage 2's candidates. ``"subtree"`` (the paper's and the
+  default): every pure prefix; ``"mixed"``: those of trees already mixed (every pure prefix
+  when no tree is mixed), so no branch is spent on a prompt that may stay without contrast,
+  at the cost of fewer prompts with contrast; ``"tree"``: only those of trees still pure at
+  the root, i.e. stage 2 maximises mixed *prompts* (the effective ratio) instead of mixed
+  *subtrees*.
 
 Why these options, and what was tried and dropped: the README's "Design notes".
 """
@@ -77,6 +85,7 @@ STAGES1 = ("uniform", "active", "paper", "posterior")
 STAGES2 = ("none", "uniform", "active")
 STAGES = ("uniform", "active")  # the values both stages take
 M_MIN_RULES = ("budget", "half-group")
+SCOPES = ("subtree", "mixed", "tree")  # stage 2's candidates (see ``scope``)
 
 
 def v_root_beta(mean: np.ndarray, concentration: np.ndarray, m_max: int) -> np.ndarray:
@@ -194,8 +203,9 @@ class TraceAllocator(Allocator):
         k_max: most continuations from one prefix in stage 2 (0: no cap).
         rounds: stage 2 spends its budget in this many equal rounds, re-planning after each
             with the outcomes seen so far (1: the paper's single greedy pass).
-        scope: ``"subtree"`` (the paper: every pure prefix is a candidate) or ``"tree"``
-            (only prefixes of trees not yet mixed).
+        scope: ``"subtree"`` (the paper: every pure prefix), ``"mixed"`` (pure prefixes of
+            trees already mixed; every pure prefix when no tree is mixed) or ``"tree"`` (only
+            prefixes of trees not yet mixed).
         uncertainty: stage 1 maximises the expected number of mixed groups under the
             predictor's predictive distribution when it offers one (``predict_beta``);
             False: at its point estimate, as in the paper.
@@ -228,8 +238,8 @@ class TraceAllocator(Allocator):
             raise ValueError(f"k_max must be >= 0, got {k_max}")
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}")
-        if scope not in ("subtree", "tree"):
-            raise ValueError(f"scope must be 'subtree' or 'tree', got {scope!r}")
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
         self.stage1, self.stage2, self.scope = stage1, stage2, scope
         self.k_max, self.rounds = int(k_max), int(rounds)
         self.uncertainty = bool(uncertainty)
@@ -293,9 +303,13 @@ class TraceAllocator(Allocator):
         self._round += 1
         remaining = -(-remaining // rounds_left)  # this round's equal share, rounded up
         pure = ((forest.flags & TERMINAL) == 0) & (forest.n_leaves > 0) & (forest.leaf_min == forest.leaf_max)
-        if self.scope == "tree":
+        if self.scope != "subtree":
             roots = forest.root_nodes[forest.tree]
-            pure &= forest.leaf_min[roots] == forest.leaf_max[roots]
+            tree_pure = forest.leaf_min[roots] == forest.leaf_max[roots]
+            if self.scope == "tree":
+                pure &= tree_pure
+            elif np.any(pure & ~tree_pure):  # "mixed"; with no mixed tree, every pure prefix
+                pure &= ~tree_pure
         nodes = np.flatnonzero(pure)
         if nodes.size == 0:
             return uniform_prefixes(forest, remaining, self.rng)

@@ -9,8 +9,9 @@ Axes (every combination; a stage that uses no predictor collapses the predictor 
 * stage 1: ``uniform`` | ``paper`` (V_root at the point estimate) | ``posterior`` (expected
   mixing under the predictor's Beta predictive);
 * stage 2: ``none`` (stage 1 spends the whole budget) | ``uniform`` | ``prefix`` (active over
-  every pure prefix, the paper's objective) | ``tree`` (active over prefixes of trees not
-  yet mixed, ``scope=tree``);
+  every pure prefix, the paper's objective, ``scope=subtree``) | ``tree`` (active over
+  prefixes of trees not yet mixed, ``scope=tree``) | ``mixed`` (active over the pure
+  prefixes of trees already mixed, ``scope=mixed``);
 * predictor: ``beta`` | ``hashed`` (the shared model) | ``hashed:counts=true`` (with
   per-prompt counts) | ``lm`` (``--predictors``; ``lm`` runs a frozen MiniLM encoder on
   every history, minutes per step at M = 1024 on a CPU, and is left out by default: add it
@@ -61,7 +62,8 @@ from typing import Any
 from trace_gym.sim.difficulty import DEFAULT_DIFFICULTY
 
 STAGE1 = ("uniform", "paper", "posterior")
-STAGE2 = ("none", "uniform", "prefix", "tree")
+STAGE2 = ("none", "uniform", "prefix", "tree", "mixed")
+SCOPES = {"prefix": "subtree", "tree": "tree", "mixed": "mixed"}  # active stage 2: trace's scope
 PREDICTORS = ("beta", "hashed", "hashed:counts=true")
 ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo", "trace:scale=group")
 ALLOCATION_ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo")  # trace:scale=group counts as trace
@@ -74,11 +76,11 @@ def grid_cells(predictors: tuple[str, ...], m_min: int | str = "budget") -> list
     ``m_min``: every cell's stage-1 group minimum (``trace``'s option; "budget": the paper's 2)."""
     cells = []
     for s1, s2 in itertools.product(STAGE1, STAGE2):
-        uses_predictor = s1 != "uniform" or s2 in ("prefix", "tree")
+        uses_predictor = s1 != "uniform" or s2 in SCOPES
         for pred in (predictors if uses_predictor else (None,)):
-            kwargs: dict[str, Any] = {"stage1": s1, "stage2": "active" if s2 in ("prefix", "tree") else s2, "m_min": m_min}
-            if s2 == "tree":
-                kwargs["scope"] = "tree"
+            kwargs: dict[str, Any] = {"stage1": s1, "stage2": "active" if s2 in SCOPES else s2, "m_min": m_min}
+            if s2 in SCOPES:
+                kwargs["scope"] = SCOPES[s2]
             if pred is not None:
                 kwargs["predictor"] = pred
             cells.append({"label": f"trace s1={s1} s2={s2}" + (f" pred={pred}" if pred else ""),

@@ -24,7 +24,7 @@ from trace_gym.sim.bench import BenchConfig, run_bench
 
 SPECS = [
     ("grpo", {}), ("uniform", {}), ("trace", {}), ("trace", {"stage1": "uniform"}), ("trace", {"stage2": "uniform"}),
-    ("trace", {"rounds": 3, "k_max": 2}), ("trace", {"scope": "tree"}), ("trace", {"uncertainty": False}), ("dapo", {}),
+    ("trace", {"rounds": 3, "k_max": 2}), ("trace", {"scope": "tree"}), ("trace", {"scope": "mixed"}), ("trace", {"uncertainty": False}), ("dapo", {}),
     ("pcl", {}), ("knapsack", {"n_max": 8}),
     ("oracle", {}), ("oracle-er", {}), ("greso", {}), ("vip", {}), ("trace", {"stage2": "none"}),
     ("trace", {"stage1": "paper", "scope": "tree"}), ("trace-paper", {}),
@@ -162,6 +162,50 @@ def test_trace_ablation_switches_change_behaviour(world):
         trace_gym.make_allocator("trace", stage1="greedy")
     with pytest.raises(ValueError, match="needs a predictor"):
         _step(world, trace_gym.make_allocator("trace"), budget, None)
+
+
+def _stage2_origins(world, alloc, budget, predictor, seed=1):
+    """Run one step; return, per stage-2 round, (origins, origin pure?, origin's tree mixed?) as
+    the forest stood before the round."""
+    forest = Forest()
+    add_candidates(forest, world.candidates(np.arange(world.n_tasks)))
+    sim = ContrastLabSim(world, seed=seed)
+    rounds = []
+
+    def rollout(f, origins):
+        if f.n_trajectories:
+            roots = f.root_nodes[f.tree[origins]]
+            rounds.append((origins.copy(), f.leaf_min[origins] == f.leaf_max[origins], f.leaf_min[roots] != f.leaf_max[roots]))
+        sim.rollout(f, origins)
+
+    allocate_step(forest, alloc, budget, predictor, rollout)
+    return forest, rounds
+
+
+def test_trace_stage2_scopes(world):
+    budget = Budget(256)
+    oracle = trace_gym.make_predictor("oracle")
+    # "mixed": every branch starts at a pure prefix of a tree stage 1 found mixed
+    forest, rounds = _stage2_origins(world, trace_gym.make_allocator("trace", scope="mixed"), budget, oracle)
+    origins, pure, in_mixed = rounds[0]
+    assert origins.size == budget.trajectories - budget.root_trajectories
+    assert pure.all() and in_mixed.all()
+    # the paper's "subtree" (the default): pure prefixes of pure trees compete too, and some win here
+    assert trace_gym.make_allocator("trace").scope == "subtree"
+    _, rounds = _stage2_origins(world, trace_gym.make_allocator("trace"), budget, oracle)
+    assert rounds[0][1].all() and not rounds[0][2].all()
+    # "tree": only trees still pure
+    _, rounds = _stage2_origins(world, trace_gym.make_allocator("trace", scope="tree"), budget, oracle)
+    assert rounds[0][1].all() and not rounds[0][2].any()
+    # with no mixed tree (every prompt always fails or always succeeds) "mixed" falls back to
+    # every pure prefix and still spends the budget
+    flat = ContrastLabWorld(24, n_test=0, difficulty=[0.0, 1.0], seed=0)
+    forest, rounds = _stage2_origins(flat, trace_gym.make_allocator("trace", scope="mixed"), Budget(64),
+                                     trace_gym.make_predictor("hashed"))
+    assert forest.n_trajectories == 64
+    assert rounds and all(r[1].all() and not r[2].any() for r in rounds)
+    with pytest.raises(ValueError, match="scope"):
+        trace_gym.make_allocator("trace", scope="prefix")
 
 
 def test_oracle_allocator_needs_true_values(world):
@@ -405,8 +449,11 @@ def test_trace_stage_names_and_the_papers_rule(world):
 
     pred, adv = defaults("trace-paper")
     assert str(pred) == "hashed" and str(adv) == "trace"
-    # the measured default differs from the paper's rule in the advantage only (README "Measured")
+    # the measured default differs from the paper's rule in the advantage and the stage-1
+    # group minimum (README "Measured")
     assert [str(x) for x in defaults("trace")] == ["hashed", "grpo"]
+    default = trace_gym.make_allocator("trace")
+    assert (default.m_min, default.scope) == ("half-group", "subtree")
     assert trace_gym.make_predictor("hashed").counts is False
     with pytest.raises(ValueError, match="stage2"):
         trace_gym.make_allocator("trace", stage2="paper")

@@ -131,12 +131,15 @@ def _grid_module():
 def test_ablation_grid_covers_every_cell_and_scores_by_hand():
     g = _grid_module()
     cells = g.grid_cells(("beta", "hashed"))
-    # 3 x 4 stage pairs; the two that use no predictor (uniform roots, no or uniform stage 2) appear once
-    assert len(cells) == 10 * 2 + 2
+    # 3 x 5 stage pairs; the two that use no predictor (uniform roots, no or uniform stage 2) appear once
+    assert len(cells) == 13 * 2 + 2
     assert len({c["label"] for c in cells}) == len(cells)
     by = {(c["stage1"], c["stage2"], c["predictor"]): c["spec"] for c in cells}
     assert by[("paper", "tree", "beta")] == {"name": "trace", "kwargs": {"stage1": "paper", "stage2": "active", "m_min": "budget",
                                                                           "scope": "tree", "predictor": "beta"}}
+    # every active stage 2 names its scope: the paper's, the default's, or per tree
+    assert by[("posterior", "prefix", "hashed")]["kwargs"]["scope"] == "subtree"
+    assert by[("posterior", "mixed", "hashed")]["kwargs"]["scope"] == "mixed"
     assert by[("uniform", "none", None)]["kwargs"] == {"stage1": "uniform", "stage2": "none", "m_min": "budget"}
     assert g.grid_cells(("hashed",), m_min="half-group")[0]["spec"]["kwargs"]["m_min"] == "half-group"
     assert g.baseline_spec("pcl[pred=hashed:counts=true]") == {"name": "pcl", "kwargs": {"predictor": "hashed:counts=true"}}
