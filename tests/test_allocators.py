@@ -47,6 +47,24 @@ def _predictor_for(alloc):
     return trace_gym.make_predictor(spec.name, **spec.kwargs)
 
 
+def _stage2_origins(world, alloc, budget, predictor, seed=1):
+    """Run one step; return, per stage-2 round, (origins, origin pure?, origin's tree mixed?) as
+    the forest stood before the round."""
+    forest = Forest()
+    add_candidates(forest, world.candidates(np.arange(world.n_tasks)))
+    sim = ContrastLabSim(world, seed=seed)
+    rounds = []
+
+    def rollout(f, origins):
+        if f.n_trajectories:
+            roots = f.root_nodes[f.tree[origins]]
+            rounds.append((origins.copy(), f.leaf_min[origins] == f.leaf_max[origins], f.leaf_min[roots] != f.leaf_max[roots]))
+        sim.rollout(f, origins)
+
+    allocate_step(forest, alloc, budget, predictor, rollout)
+    return forest, rounds
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     spec=st.sampled_from(SPECS),
@@ -133,20 +151,8 @@ def test_trace_ablation_switches_change_behaviour(world):
     assert np.array_equal(bare, solve_roots(v, budget.root_trajectories, budget.group_size // 2))
     assert np.allclose(f_ta.pred[f_ta.root_nodes], v)
     # stage2=active: continuations only from prefixes whose subtree was pure
-    t_aa = trace_gym.make_allocator("trace")
-    forest = Forest()
-    add_candidates(forest, world.candidates(np.arange(96)))
-    sim = ContrastLabSim(world, seed=1)
-    seen = []
-
-    def rollout(f, origins):
-        if f.n_trajectories:  # stage 2: record the state of every origin before it is extended
-            seen.append((origins.copy(), f.leaf_min[origins].copy(), f.leaf_max[origins].copy()))
-        sim.rollout(f, origins)
-
-    allocate_step(forest, t_aa, budget, oracle, rollout)
-    origins, lo, hi = seen[0]
-    assert np.all(lo == hi)
+    _, rounds = _stage2_origins(world, trace_gym.make_allocator("trace"), budget, oracle)
+    assert rounds[0][1].all()
     # active beats uniform on the contrast it targets, over a few steps with the true values
     mixed = {}
     for name, kw in (("active", {}), ("uniform", {"stage2": "uniform"})):
@@ -164,29 +170,11 @@ def test_trace_ablation_switches_change_behaviour(world):
         _step(world, trace_gym.make_allocator("trace"), budget, None)
 
 
-def _stage2_origins(world, alloc, budget, predictor, seed=1):
-    """Run one step; return, per stage-2 round, (origins, origin pure?, origin's tree mixed?) as
-    the forest stood before the round."""
-    forest = Forest()
-    add_candidates(forest, world.candidates(np.arange(world.n_tasks)))
-    sim = ContrastLabSim(world, seed=seed)
-    rounds = []
-
-    def rollout(f, origins):
-        if f.n_trajectories:
-            roots = f.root_nodes[f.tree[origins]]
-            rounds.append((origins.copy(), f.leaf_min[origins] == f.leaf_max[origins], f.leaf_min[roots] != f.leaf_max[roots]))
-        sim.rollout(f, origins)
-
-    allocate_step(forest, alloc, budget, predictor, rollout)
-    return forest, rounds
-
-
 def test_trace_stage2_scopes(world):
     budget = Budget(256)
     oracle = trace_gym.make_predictor("oracle")
     # "mixed": every branch starts at a pure prefix of a tree stage 1 found mixed
-    forest, rounds = _stage2_origins(world, trace_gym.make_allocator("trace", scope="mixed"), budget, oracle)
+    _, rounds = _stage2_origins(world, trace_gym.make_allocator("trace", scope="mixed"), budget, oracle)
     origins, pure, in_mixed = rounds[0]
     assert origins.size == budget.trajectories - budget.root_trajectories
     assert pure.all() and in_mixed.all()
