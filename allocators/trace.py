@@ -67,6 +67,7 @@ Why these options, and what was tried and dropped: the README's "Design notes".
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 from typing import Any, ClassVar
 
@@ -209,7 +210,9 @@ class TraceAllocator(Allocator):
         uncertainty: stage 1 maximises the expected number of mixed groups under the
             predictor's predictive distribution when it offers one (``predict_beta``);
             False: at its point estimate, as in the paper.
-        m_min: fewest stage-1 rollouts of a selected prompt: an integer, ``"budget"`` (the
+        m_min: fewest stage-1 rollouts of a selected prompt: an integer, a fraction ``f`` in
+            (0, 1) of the budget's ``group_size`` G (``ceil(f G)``, at least its
+            ``min_per_prompt``), ``"budget"`` (the
             budget's ``min_per_prompt``, the paper's ``m_min``) or ``"half-group"`` (the
             default: half of the budget's ``group_size`` G, and at least its
             ``min_per_prompt``; with ``root_fraction`` 0.5 stage 1 then samples at most
@@ -223,11 +226,14 @@ class TraceAllocator(Allocator):
     advantage: ClassVar[str] = "grpo"
 
     def __init__(self, stage1: str = "active", stage2: str = "active", k_max: int = 0, rounds: int = 1,
-                 scope: str = "subtree", uncertainty: bool = True, m_min: int | str = "half-group",
+                 scope: str = "subtree", uncertainty: bool = True, m_min: int | float | str = "half-group",
                  root_fraction: float | None = None, seed: int = 0):
         super().__init__(seed)
-        if not (m_min in M_MIN_RULES or (isinstance(m_min, int) and not isinstance(m_min, bool) and m_min >= 1)):
-            raise ValueError(f"m_min must be an integer >= 1 or one of {M_MIN_RULES}, got {m_min!r}")
+        if isinstance(m_min, bool) or not (
+                m_min in M_MIN_RULES or (isinstance(m_min, int) and m_min >= 1)
+                or (isinstance(m_min, float) and 0.0 < m_min < 1.0)):
+            raise ValueError(f"m_min must be an integer >= 1, a fraction of the group size in (0, 1) or one of "
+                             f"{M_MIN_RULES}, got {m_min!r}")
         if root_fraction is not None and not 0.0 < root_fraction <= 1.0:
             raise ValueError(f"root_fraction must be in (0, 1] (or None: the budget's), got {root_fraction}")
         self.m_min, self.root_fraction = m_min, root_fraction
@@ -272,8 +278,12 @@ class TraceAllocator(Allocator):
         """``budget`` with this allocator's own stage-1 settings (``m_min``, ``root_fraction``;
         ``stage2="none"``: stage 1 spends all of M)."""
         changes: dict[str, Any] = {}
-        m_min = {"budget": budget.min_per_prompt,
-                 "half-group": max(budget.min_per_prompt, budget.group_size // 2)}.get(self.m_min, self.m_min)
+        if isinstance(self.m_min, float):
+            # the tolerance keeps 0.3 x 10 at 3: the float product is 3.0000000000000004
+            m_min = max(budget.min_per_prompt, math.ceil(self.m_min * budget.group_size - 1e-9))
+        else:
+            m_min = {"budget": budget.min_per_prompt,
+                     "half-group": max(budget.min_per_prompt, budget.group_size // 2)}.get(self.m_min, self.m_min)
         if m_min != budget.min_per_prompt:
             changes["min_per_prompt"] = m_min
             if budget.max_per_prompt is not None:
@@ -335,7 +345,7 @@ class TracePaperAllocator(TraceAllocator):
     advantage: ClassVar[str] = "trace"
 
     def __init__(self, stage1: str = "paper", stage2: str = "active", k_max: int = 0, rounds: int = 1,
-                 scope: str = "subtree", uncertainty: bool = False, m_min: int | str = "budget",
+                 scope: str = "subtree", uncertainty: bool = False, m_min: int | float | str = "budget",
                  root_fraction: float | None = None, seed: int = 0):
         super().__init__(stage1=stage1, stage2=stage2, k_max=k_max, rounds=rounds, scope=scope, uncertainty=uncertainty,
                          m_min=m_min, root_fraction=root_fraction, seed=seed)

@@ -372,8 +372,8 @@ def test_trace_stage1_plans_on_the_predictive_distribution(world):
 
 def test_trace_stage1_group_minimum(world):
     """trace's stage 1 gives each sampled prompt at least G/2 rollouts by default (so with
-    root_fraction 0.5 it samples at most M / G prompts, as many as grpo); m_min and
-    root_fraction override the budget's; trace-paper keeps the paper's m_min."""
+    root_fraction 0.5 it samples at most M / G prompts, as many as grpo); m_min (a count or a
+    fraction of G) and root_fraction override the budget's; trace-paper keeps the paper's m_min."""
     oracle = trace_gym.make_predictor("oracle")
 
     def bare_counts(spec, budget, **kw):
@@ -391,9 +391,16 @@ def test_trace_stage1_group_minimum(world):
     assert bare_counts("trace", budget, m_min="budget").size > default.size
     fixed = bare_counts("trace", budget, m_min=6, root_fraction=0.375)
     assert fixed.min() >= 6 and fixed.sum() == 96
+    # a fraction of G scales with the group: ceil(0.75 G) is 6 at G = 8 and 3 at G = 4
+    scaled = bare_counts("trace", budget, m_min=0.75, root_fraction=0.375)
+    assert scaled.min() >= 6 and scaled.sum() == 96 and scaled.size <= 16
+    small = bare_counts("trace", Budget(64, group_size=4), m_min=0.75, root_fraction=0.375)
+    assert small.min() >= 3 and small.sum() == 24 and small.size <= 8
+    # the fraction rounds up, but not past a float product's last bit: 0.3 x 10 is 3
+    assert trace_gym.make_allocator("trace", m_min=0.3).stage1_budget(Budget(100, group_size=10)).min_per_prompt == 3
     # a small group keeps the budget's m_min (G/2 never goes below it)
     assert bare_counts("trace", Budget(32, group_size=2)).min() == 2
-    for bad in (0, "pairs", 1.5, True):
+    for bad in (0, "pairs", 1.5, 1.0, 0.0, True):
         with pytest.raises(ValueError, match="m_min"):
             trace_gym.make_allocator("trace", m_min=bad)
     with pytest.raises(ValueError, match="root_fraction"):
