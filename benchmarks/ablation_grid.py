@@ -56,7 +56,7 @@ import os
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 from trace_gym.sim.difficulty import DEFAULT_DIFFICULTY
@@ -181,13 +181,17 @@ def run_part(args: argparse.Namespace, learn: float, rows: list[dict[str, Any]],
     out: dict[str, dict[int, Any]] = {}
     t0 = time.perf_counter()
     done = 0
+    # One line per finished run, in completion order: an lm run takes ~15 min, so waiting for
+    # submission order (or every tenth run) left long silences.
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for res in pool.map(_job, tasks, chunksize=1):
+        for fut in as_completed([pool.submit(_job, t) for t in tasks]):
+            res = fut.result()
             out.setdefault(res["key"], {})[res["seed"]] = res["result"]
             done += 1
-            if done % 10 == 0 or done == len(tasks):
-                print(f"  {done}/{len(tasks)} runs, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-    return out
+            print(f"  {done}/{len(tasks)} runs, {time.perf_counter() - t0:.0f} s: {res['key']} seed {res['seed']}",
+                  file=sys.stderr, flush=True)
+    order = list(dict.fromkeys(t["key"] for t in tasks))
+    return {key: dict(sorted(out[key].items())) for key in order}
 
 
 def allocation_table(runs: dict[str, dict[int, Any]]) -> list[str]:
