@@ -3,8 +3,9 @@
 Stage 1 picks ``M_root // m_min`` prompts uniformly at random (all of them if fewer) and
 spreads ``M_root`` evenly over them (at least ``m_min`` each, ``max_per_prompt`` as a cap).
 Stage 2 spreads the remaining budget evenly over the branchable prefixes (non-root,
-non-terminal nodes), the leftover units going to randomly chosen ones. The two stage
-functions are also TRACE's ``uniform`` ablation settings.
+non-terminal nodes), the leftover units going to randomly chosen ones; when there is none
+(single-turn episodes, failed trajectories) it re-samples the prompts stage 1 chose. The
+two stage functions are also TRACE's ``uniform`` ablation settings.
 """
 
 from __future__ import annotations
@@ -38,14 +39,29 @@ def uniform_roots(n_trees: int, budget: Budget, rng: np.random.Generator) -> np.
 
 def uniform_prefixes(forest: Forest, remaining: int, rng: np.random.Generator) -> list[tuple[int, int]]:
     """Stage 2, uniform: ``remaining`` continuations spread evenly over the branchable
-    prefixes; the leftover units go to random ones."""
+    prefixes; the leftover units go to random ones. With no branchable prefix (every episode
+    ended after one turn, or every trajectory failed) the empty prefix is the only one left:
+    the continuations are fresh rollouts of the prompts stage 1 sampled, so that the step
+    still spends its budget, as a tree-less allocator would."""
+    if remaining <= 0:
+        return []
     nodes = forest.branchable()
-    if nodes.size == 0 or remaining <= 0:
+    if nodes.size == 0:
+        nodes = sampled_roots(forest)
+    if nodes.size == 0:
         return []
     ks = np.full(nodes.size, remaining // nodes.size, dtype=np.int64)
     ks[rng.choice(nodes.size, size=remaining % nodes.size, replace=False)] += 1
     keep = ks > 0
     return list(zip(nodes[keep].tolist(), ks[keep].tolist()))
+
+
+def sampled_roots(forest: Forest) -> np.ndarray:
+    """Root node ids of the prompts that got at least one trajectory."""
+    if forest.n_trajectories == 0:
+        return np.zeros(0, dtype=np.int64)
+    trees = np.unique(forest.tree[forest.traj_origin])
+    return forest.root_nodes[trees].astype(np.int64)
 
 
 @register("uniform")

@@ -94,6 +94,33 @@ def test_no_allocator_overspends(spec, m, pool, difficulty, group, m_min, root_f
             predictor.update(forest.histories(nodes), forest.value[nodes], forest.n_leaves[nodes].astype(float))
 
 
+@pytest.mark.parametrize("episodes", ["one turn", "failed"])
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s[0] + "".join(f":{k}={v}" for k, v in s[1].items()))
+def test_every_allocator_spends_its_budget_when_nothing_can_be_branched(world, spec, episodes):
+    """Episodes that end after one turn (a single-turn env) or trajectories that all fail (a
+    backend that errors) leave no prefix to branch from. Every allocator still spends M, so
+    rows stay comparable at an equal budget; the tree allocators re-sample the prompts stage
+    1 chose (before, they stopped at stage 1's M / 2)."""
+    rng = np.random.default_rng(0)
+    calls = []
+
+    def rollout(f, origins):
+        calls.append(f.tree[origins].tolist())
+        for o in origins:
+            t = f.start_trajectory(int(o))
+            if episodes == "one turn":
+                f.add_node(t, text="answer", n_tokens=3, terminal=True, reward=float(rng.random() < 0.5))
+
+    alloc = trace_gym.make_allocator(spec[0], **spec[1])
+    forest = Forest()
+    add_candidates(forest, world.candidates(np.arange(32)))
+    spend = allocate_step(forest, alloc, Budget(64, group_size=4), _predictor_for(alloc), rollout)
+    assert spend.trajectories == forest.n_trajectories == 64
+    if spec[0] in ("uniform", "trace", "trace-paper", "oracle") and spec[1].get("stage2") != "none":
+        # stage 2 happened, and its re-samples went to the prompts stage 1 chose
+        assert len(calls) > 1 and set(sum(calls[1:], [])) <= set(calls[0])
+
+
 @pytest.fixture(scope="module")
 def world():
     return ContrastLabWorld(96, n_test=0, seed=0)
