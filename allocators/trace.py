@@ -61,6 +61,14 @@ Options beyond the paper's single pass:
   the root, i.e. stage 2 maximises mixed *prompts* (the effective ratio) instead of mixed
   *subtrees*.
 
+* ``rescue=R`` (default 0, off): before stage 2's objective, up to R rounds in which every
+  still-pure prompt whose next outcome is likely enough to disagree (``P(disagree) (n + 1) >
+  1`` for a prompt of n rollouts, under the root's Beta predictive updated with the step's
+  outcomes; :meth:`TraceAllocator.rescue_plan`) gets one fresh rollout. It raises the
+  effective sample ratio under grpo's advantage, most with a predictor that has a
+  predictive distribution (``hashed:counts=true``), and learns slower in ContrastLab's
+  learning mode, so it is off by default (the README's "Measured").
+
 Why these options, and what was tried and dropped: the README's "Design notes".
 """
 
@@ -227,8 +235,11 @@ class TraceAllocator(Allocator):
 
     def __init__(self, stage1: str = "active", stage2: str = "active", k_max: int = 0, rounds: int = 1,
                  scope: str = "subtree", uncertainty: bool = True, m_min: int | float | str = "half-group",
-                 root_fraction: float | None = None, seed: int = 0):
+                 root_fraction: float | None = None, rescue: int = 0, seed: int = 0):
         super().__init__(seed)
+        if isinstance(rescue, bool) or not isinstance(rescue, int) or rescue < 0:
+            raise ValueError(f"rescue must be an integer >= 0 (rounds of single rollouts; 0: off), got {rescue!r}")
+        self.rescue = rescue
         if isinstance(m_min, bool) or not (
                 m_min in M_MIN_RULES or (isinstance(m_min, int) and m_min >= 1)
                 or (isinstance(m_min, float) and 0.0 < m_min < 1.0)):
@@ -252,6 +263,7 @@ class TraceAllocator(Allocator):
         if stage1 in ("paper", "posterior"):
             self.stage1, self.uncertainty = "active", stage1 == "posterior"
         self._round = 0  # stage-2 rounds played in the current step
+        self._rescued = 0  # rescue rounds played in the current step
 
     def values(self, forest: Forest, nodes: np.ndarray, predictor: Any | None) -> np.ndarray:
         """V(H) of ``nodes`` as the allocator sees it (here: the predictor's), also stored in
@@ -294,8 +306,34 @@ class TraceAllocator(Allocator):
             changes["root_fraction"] = 1.0
         return dataclasses.replace(budget, **changes) if changes else budget
 
+    def rescue_plan(self, forest: Forest, remaining: int, predictor: Any | None) -> list[tuple[int, int]]:
+        """One fresh rollout for each still-pure prompt whose next outcome is expected to
+        disagree often enough to pay: ``P(disagree) (n + 1) > 1``, where mixing a prompt of
+        ``n`` rollouts makes all of them and the new one effective, and one rollout into a
+        mixed prompt earns 1. ``P(disagree)`` comes from the root's Beta predictive
+        (``predict_beta``) updated with the prompt's ``n`` equal outcomes of this step, or the
+        point estimate where there is none. Best first, at most ``remaining``."""
+        roots = forest.root_nodes.astype(np.int64)
+        n = forest.n_leaves[roots].astype(np.float64)
+        cand = roots[(n > 0) & (forest.leaf_min[roots] == forest.leaf_max[roots])]
+        if cand.size == 0 or predictor is None:
+            return []
+        n = forest.n_leaves[cand].astype(np.float64)
+        succeeded = forest.leaf_min[cand] >= 0.5
+        mean, conc = self.beliefs(forest, cand, predictor)
+        if conc is None:
+            conc = np.full(cand.size, np.inf)
+        finite = np.isfinite(conc)
+        post = mean.copy()
+        post[finite] = (conc[finite] * mean[finite] + n[finite] * succeeded[finite]) / (conc[finite] + n[finite])
+        gain = np.where(succeeded, 1.0 - post, post) * (n + 1.0)
+        worth = np.flatnonzero(gain > 1.0)
+        order = worth[np.argsort(-gain[worth], kind="stable")][:remaining]
+        return [(int(node), 1) for node in cand[order]]
+
     def plan_roots(self, forest: Forest, budget: Budget, predictor: Any | None) -> np.ndarray:
         self._round = 0
+        self._rescued = 0
         budget = self.stage1_budget(budget)
         if self.stage1 == "uniform":
             return uniform_roots(forest.n_trees, budget, self.rng)
@@ -309,6 +347,12 @@ class TraceAllocator(Allocator):
             return []
         if self.stage2 == "uniform":
             return uniform_prefixes(forest, remaining, self.rng)
+        if self._rescued < self.rescue:
+            self._rescued += 1
+            plan = self.rescue_plan(forest, remaining, predictor)
+            if plan:
+                return plan
+            self._rescued = self.rescue  # nothing worth rescuing now: later outcomes will not change that
         rounds_left = max(1, self.rounds - self._round)
         self._round += 1
         remaining = -(-remaining // rounds_left)  # this round's equal share, rounded up
@@ -346,6 +390,6 @@ class TracePaperAllocator(TraceAllocator):
 
     def __init__(self, stage1: str = "paper", stage2: str = "active", k_max: int = 0, rounds: int = 1,
                  scope: str = "subtree", uncertainty: bool = False, m_min: int | float | str = "budget",
-                 root_fraction: float | None = None, seed: int = 0):
+                 root_fraction: float | None = None, rescue: int = 0, seed: int = 0):
         super().__init__(stage1=stage1, stage2=stage2, k_max=k_max, rounds=rounds, scope=scope, uncertainty=uncertainty,
-                         m_min=m_min, root_fraction=root_fraction, seed=seed)
+                         m_min=m_min, root_fraction=root_fraction, rescue=rescue, seed=seed)

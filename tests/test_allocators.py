@@ -27,7 +27,7 @@ SPECS = [
     ("trace", {"rounds": 3, "k_max": 2}), ("trace", {"scope": "tree"}), ("trace", {"scope": "mixed"}), ("trace", {"uncertainty": False}), ("dapo", {}),
     ("pcl", {}), ("knapsack", {"n_max": 8}),
     ("oracle", {}), ("oracle-er", {}), ("greso", {}), ("vip", {}), ("trace", {"stage2": "none"}),
-    ("trace", {"stage1": "paper", "scope": "tree"}), ("trace-paper", {}),
+    ("trace", {"stage1": "paper", "scope": "tree"}), ("trace-paper", {}), ("trace", {"rescue": 4}),
 ]
 
 
@@ -447,6 +447,60 @@ def test_trace_spreads_stage1_when_every_prompt_is_predicted_to_fail(world):
     counts = np.bincount(f.tree[roots], minlength=f.n_trees)
     assert counts.sum() == budget.root_trajectories
     assert (counts > 0).sum() == budget.root_trajectories // 2 and set(counts[counts > 0].tolist()) == {2}
+
+
+class _RootBeliefs:
+    """A predictor whose roots' Beta predictive is set by task id (inner nodes: 0.5)."""
+
+    def __init__(self, means, concentration):
+        self.means, self.concentration = means, concentration
+
+    def predict(self, histories):
+        return self.predict_beta(histories)[0]
+
+    def predict_beta(self, histories):
+        mean = np.array([self.means[h.task_id] if not h.steps else 0.5 for h in histories])
+        return mean, np.full(mean.size, self.concentration)
+
+
+def test_trace_rescue_spends_single_rollouts_on_pure_prompts_worth_mixing(world):
+    """``rescue=R``: up to R rounds of one fresh rollout for each pure prompt whose next
+    outcome, under the root's predictive updated with the step's equal outcomes, disagrees
+    with probability p such that p (n + 1) > 1; then the usual stage 2."""
+    ids = [c.task_id for c in world.candidates(np.arange(8))]
+    means = {t: (0.5 if i < 4 else 0.02) for i, t in enumerate(ids)}  # four even prompts, four hopeless
+    budget = Budget(64, group_size=4)
+
+    def run(rescue, concentration):
+        f, seen = Forest(), []
+        add_candidates(f, world.candidates(np.arange(8)))
+
+        def rollout(forest, origins):  # every rollout fails: every prompt stays pure
+            seen.append([(int(o), int(forest.tree[o]), bool(forest.parent[o] < 0)) for o in origins])
+            for o in origins:
+                t = forest.start_trajectory(int(o))
+                forest.add_node(t, text="turn", n_tokens=2)
+                forest.add_node(t, text="end", n_tokens=2, terminal=True, reward=0.0)
+
+        spend = allocate_step(f, trace_gym.make_allocator("trace", rescue=rescue), budget,
+                              _RootBeliefs(means, concentration), rollout)
+        assert spend.trajectories == 64
+        return seen
+
+    # a firm belief at 1/2 (concentration 20) survives a failed group: three rounds of one
+    # root rollout for each even prompt, none for the hopeless ones, then the usual stage 2
+    seen = run(3, 20.0)
+    for wave in seen[1:4]:
+        trees = [tree for _, tree, is_root in wave if is_root]
+        assert len(trees) == len(wave) == len(set(trees)) > 0
+        assert {ids[t] for t in trees} <= set(ids[:4])
+    assert sum(len(w) for w in seen[4:]) == 64 - sum(len(w) for w in seen[:4])
+    # a weak one (Beta(1, 1)) after the failed group puts success at 1/(2 + n): a single rollout
+    # gains less than one effective trajectory, so nothing is rescued and the step is the default's
+    assert run(3, 2.0) == run(0, 2.0)
+    for bad in (-1, True, 1.5, "yes"):
+        with pytest.raises(ValueError, match="rescue"):
+            trace_gym.make_allocator("trace", rescue=bad)
 
 
 def test_trace_stage_names_and_the_papers_rule(world):

@@ -117,15 +117,20 @@ def test_difficulty_file_is_accepted(tmp_path):
     assert 0 < result["allocators"]["grpo"]["effective_ratio"] < 1
 
 
-def _grid_module():
+def _benchmark_module(name: str):
+    """Import ``benchmarks/<name>.py`` (a script folder, not a package)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "ablation_grid.py"
-    spec = importlib.util.spec_from_file_location("ablation_grid", path)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _grid_module():
+    return _benchmark_module("ablation_grid")
 
 
 def test_ablation_grid_covers_every_cell_and_scores_by_hand():
@@ -148,3 +153,25 @@ def test_ablation_grid_covers_every_cell_and_scores_by_hand():
     assert g.reach(curve, 0.8, "tokens") == float("inf")
     mean, half = g.interval([1.0, 2.0, 3.0])
     assert mean == 2.0 and half == pytest.approx(4.303 * 1.0 / 3 ** 0.5)
+
+
+def test_esr_ceiling_posterior_is_exact_and_rules_order_as_they_must():
+    """The ceiling bench's learner: its grid posterior under a Beta prior is the conjugate one,
+    random groups mix as often as the closed form says, and knowing more never does worse."""
+    import math
+
+    import numpy as np
+
+    mod = _benchmark_module("esr_ceiling")
+    prior = mod.log_prior("beta:0.5,0.5")
+    s, f = np.array([0.0, 3.0, 10.0]), np.array([4.0, 1.0, 10.0])
+    mean = mod.posterior(prior, s, f) @ mod.GRID
+    assert mean == pytest.approx((0.5 + s) / (1.0 + s + f), abs=2e-3)
+    # P(G = 8 rollouts mixed) for p ~ Beta(0.5, 0.5): 1 - 2 prod_{j<8} (0.5 + j) / (1 + j)
+    expected = 1 - 2 * math.prod((0.5 + j) / (1 + j) for j in range(8))
+    esr = {r: np.mean([mod.run(r, "beta:0.5,0.5", sd, 512, 1024, 8, 12) for sd in range(3)])
+           for r in ("grpo", "greedy", "tree", "oracle")}
+    assert esr["grpo"] == pytest.approx(expected, abs=0.03)
+    assert esr["grpo"] < esr["greedy"] < esr["tree"] and esr["greedy"] < esr["oracle"]
+    with pytest.raises(SystemExit):
+        mod.main(["--rules", "grpo,psychic"])
