@@ -310,9 +310,10 @@ class TraceAllocator(Allocator):
         """One fresh rollout for each still-pure prompt whose next outcome is expected to
         disagree often enough to pay: ``P(disagree) (n + 1) > 1``, where mixing a prompt of
         ``n`` rollouts makes all of them and the new one effective, and one rollout into a
-        mixed prompt earns 1. ``P(disagree)`` comes from the root's Beta predictive
-        (``predict_beta``) updated with the prompt's ``n`` equal outcomes of this step, or the
-        point estimate where there is none. Best first, at most ``remaining``."""
+        mixed prompt earns 1. ``P(disagree)`` comes from the root's belief as :meth:`beliefs`
+        gives it: a Beta predictive (``predict_beta``, with ``uncertainty`` on) is updated with
+        the prompt's ``n`` equal outcomes of this step; a point estimate is used as it is.
+        Best first, at most ``remaining``."""
         roots = forest.root_nodes.astype(np.int64)
         n = forest.n_leaves[roots].astype(np.float64)
         cand = roots[(n > 0) & (forest.leaf_min[roots] == forest.leaf_max[roots])]
