@@ -83,7 +83,7 @@ def main() -> int:
     build_warm_starts(spec)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-P", "-m", "trace_gym.cli.main"]  # -P: a checkout in the working directory never shadows the install
+    cmd = [sys.executable, "-P", "-m", "trace_gym.cli"]  # -P: a checkout in the working directory never shadows the install
     waiting, running, finished = list(parts), {}, []
     while waiting or running:
         while waiting and len(running) < args.jobs:

@@ -69,7 +69,7 @@ def _queries(world_seed: int, world_size: int | None, n: int) -> list[str]:
 
 def _start_server(world_seed: int, world_size: int | None) -> tuple[subprocess.Popen, str]:
     exe = Path(sys.executable).with_name("trace-gym")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "trace_gym.cli.main"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "trace_gym.cli"]
     cmd += ["serve-retriever", "--host", "127.0.0.1", "--port", "0", "--world-seed", str(world_seed)]
     if world_size:
         cmd += ["--world-size", str(world_size)]

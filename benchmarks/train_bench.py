@@ -46,7 +46,7 @@ def run_train(config: str, overrides: list[str], threads: int, log: Path) -> flo
                TOKENIZERS_PARALLELISM="false")
     t0 = time.perf_counter()
     with open(log, "w") as fh:
-        proc = subprocess.run([sys.executable, "-m", "trace_gym.cli.main", "train", "--config", config, *overrides,
+        proc = subprocess.run([sys.executable, "-m", "trace_gym.cli", "train", "--config", config, *overrides,
                                f"model.threads={threads}", "log.progress=false"],
                               env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
     if proc.returncode != 0:
@@ -276,7 +276,7 @@ def smollm2(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[s
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads * args.workers), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     zero = out / "smollm2-zero-shot.json"
     with open(out / "smollm2-zero-shot.log", "w") as fh:
-        subprocess.run([sys.executable, "-m", "trace_gym.cli.main", "eval", "--config", cfg, "--model", "smollm2-135m", "--json", str(zero),
+        subprocess.run([sys.executable, "-m", "trace_gym.cli", "eval", "--config", cfg, "--model", "smollm2-135m", "--json", str(zero),
                         f"model.threads={args.threads * args.workers}"], env=env, stdout=fh, stderr=subprocess.STDOUT, check=True, cwd=ROOT)
     t_zero = time.perf_counter() - t0
     run = out / "smollm2-run"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-TRACE_GYM = [sys.executable, "-m", "trace_gym.cli.main"]
+TRACE_GYM = [sys.executable, "-m", "trace_gym.cli"]
 HUB_DATASET_ENVS = ["trace_gym/GSM8K-v0", "trace_gym/MATH-v0", "trace_gym/HotpotQA-v0"]
 
 

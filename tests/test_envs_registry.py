@@ -380,7 +380,7 @@ def test_play_as_a_real_command():
     env.reset(options={"index": 0})
     task = env.state.task
     stdin = f"<answer>{task.ground_truth}</answer>\n.\n"
-    proc = subprocess.run([sys.executable, "-m", "trace_gym.cli.main", "play", "trace_gym/MathCalc-v0", "--task-id", task.id],
+    proc = subprocess.run([sys.executable, "-m", "trace_gym.cli", "play", "trace_gym/MathCalc-v0", "--task-id", task.id],
                           input=stdin, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert task.prompt in proc.stdout and "reward 1" in proc.stdout

@@ -281,7 +281,7 @@ def test_client_reads_documents_without_ids_or_scores():
 
 def _start_cli(*args: str) -> tuple[subprocess.Popen, str]:
     exe = Path(sys.executable).with_name("trace-gym")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "trace_gym.cli.main"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "trace_gym.cli"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen([*cmd, "serve-retriever", "--host", "127.0.0.1", "--port", "0", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

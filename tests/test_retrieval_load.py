@@ -31,7 +31,7 @@ CONCURRENCY = 64
 def _start_server() -> tuple[subprocess.Popen, str]:
     """``trace-gym serve-retriever`` over the default MultiHopQA world on a free loopback port."""
     exe = Path(sys.executable).with_name("trace-gym")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "trace_gym.cli.main"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "trace_gym.cli"]
     proc = subprocess.Popen([*cmd, "serve-retriever", "--host", "127.0.0.1", "--port", "0", "--world-seed", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -197,7 +197,7 @@ def test_parallel_suite_writes_the_records_a_sequential_run_writes(tmp_path):
     assert sorted(p.name for p in (out / "parts").glob("*.yaml")) == ["00.yaml", "01.yaml"]
     lines = (out / "records.jsonl").read_text().splitlines()
     assert len(lines) == 4  # 2 allocators x 2 seeds
-    again = subprocess.run([sys.executable, "-m", "trace_gym.cli.main", "leaderboard", "run", str(suite), "--out", str(out),
+    again = subprocess.run([sys.executable, "-m", "trace_gym.cli", "leaderboard", "run", str(suite), "--out", str(out),
                             "--no-progress"], capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr
     assert (out / "records.jsonl").read_text().splitlines() == lines  # nothing run again, nothing set aside

@@ -67,7 +67,7 @@ def _config(tmp_path: Path, name: str, **changes) -> Path:
 
 
 def _train(config: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "trace_gym.cli.main", "train", "--config", str(config), *extra],
+    return subprocess.Popen([sys.executable, "-m", "trace_gym.cli", "train", "--config", str(config), *extra],
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
