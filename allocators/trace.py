@@ -353,7 +353,7 @@ class TraceAllocator(Allocator):
             plan = self.rescue_plan(forest, remaining, predictor)
             if plan:
                 return plan
-            self._rescued = self.rescue  # nothing worth rescuing now: later outcomes will not change that
+            self._rescued = self.rescue  # nothing worth a rescue now: stage 2's objective has the rest of the step
         rounds_left = max(1, self.rounds - self._round)
         self._round += 1
         remaining = -(-remaining // rounds_left)  # this round's equal share, rounded up
