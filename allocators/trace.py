@@ -315,9 +315,9 @@ class TraceAllocator(Allocator):
         the prompt's ``n`` equal outcomes of this step; a point estimate is used as it is.
         Best first, at most ``remaining``."""
         roots = forest.root_nodes.astype(np.int64)
-        n = forest.n_leaves[roots].astype(np.float64)
-        cand = roots[(n > 0) & (forest.leaf_min[roots] == forest.leaf_max[roots])]
-        if cand.size == 0 or predictor is None:
+        pure = (forest.n_leaves[roots] > 0) & (forest.leaf_min[roots] == forest.leaf_max[roots])
+        cand = roots[pure]
+        if cand.size == 0:
             return []
         n = forest.n_leaves[cand].astype(np.float64)
         succeeded = forest.leaf_min[cand] >= 0.5

@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 import time
 
 import numpy as np
 
+from ablation_grid import interval  # the grid's 95% t-interval; this script's folder is on sys.path
 from trace_gym.sim.difficulty import DEFAULT_DIFFICULTY, parse_difficulty
 
 RULES = ("grpo", "greedy", "thompson", "tree", "concentrated", "oracle")
@@ -107,51 +107,37 @@ def run(rule: str, spec: str, seed: int, pool: int, trajectories: int, group: in
             idx = np.argsort(-p_mixed(draw, m1))[:n]
         else:
             idx = np.argsort(-(posterior(prior, s, f) @ pmix_grid[m1]))[:n]
-        succ = rng.binomial(m1, p[idx]).astype(float)
-        size = np.full(n, float(m1))
-        s[idx] += succ
-        f[idx] += m1 - succ
+        succ, size = np.zeros(n), np.zeros(n)
+
+        def roll(target: np.ndarray, k: np.ndarray | int) -> None:
+            """``k`` more rollouts of each of the step's prompts ``target``, counted and learnt from."""
+            out = rng.binomial(k, p[idx[target]]).astype(float)
+            succ[target] += out
+            size[target] += k
+            s[idx[target]] += out
+            f[idx[target]] += k - out
+
+        roll(np.arange(n), m1)
         rest = trajectories - m1 * n
         while rest > 0 and rule in ("tree", "concentrated"):
             mixed = (succ > 0) & (succ < size)
             pure = np.flatnonzero(~mixed)
-            gain = np.zeros(0)
-            if pure.size:
-                mean = posterior(prior, s[idx[pure]], f[idx[pure]]) @ GRID
-                disagree = np.where(succ[pure] > 0, 1.0 - mean, mean)
-                gain = disagree * (size[pure] + 1.0)
-            worth = pure[gain > 1.0] if pure.size else pure
-            if worth.size == 0:
+            mean = posterior(prior, s[idx[pure]], f[idx[pure]]) @ GRID
+            gain = np.where(succ[pure] > 0, 1.0 - mean, mean) * (size[pure] + 1.0)
+            worth = gain > 1.0
+            if not worth.any():
                 # the rest goes to the mixed prompts (each rollout there counts); none: to all
                 target = np.flatnonzero(mixed) if mixed.any() else np.arange(n)
                 k = np.full(target.size, rest // target.size)
                 k[: rest % target.size] += 1
-                out = rng.binomial(k, p[idx[target]]).astype(float)
-                succ[target] += out
-                size[target] += k
-                s[idx[target]] += out
-                f[idx[target]] += k - out
-                rest = 0
+                roll(target, k)
                 break
-            order = worth[np.argsort(-gain[gain > 1.0])][:rest]  # one more rollout each, best first
-            out = rng.binomial(1, p[idx[order]]).astype(float)
-            succ[order] += out
-            size[order] += 1
-            s[idx[order]] += out
-            f[idx[order]] += 1 - out
+            order = pure[worth][np.argsort(-gain[worth])][:rest]  # one more rollout each, best first
+            roll(order, 1)
             rest -= order.size
         mixed = (succ > 0) & (succ < size)
         esr.append(float(size[mixed].sum()) / trajectories)
     return float(np.mean(esr))
-
-
-def interval(xs: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% t-interval."""
-    t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return m, float("nan")
-    return m, t.get(len(xs), 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -118,12 +118,16 @@ def test_difficulty_file_is_accepted(tmp_path):
 
 
 def _benchmark_module(name: str):
-    """Import ``benchmarks/<name>.py`` (a script folder, not a package)."""
+    """Import ``benchmarks/<name>.py`` (a script folder, not a package) as a script sees its
+    siblings: with that folder on ``sys.path``."""
     import importlib.util
+    import sys
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
