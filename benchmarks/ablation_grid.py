@@ -44,6 +44,13 @@ interpolation between steps), divided by the tokens ``grpo`` spent; likewise
 Intervals: mean +- t(0.975, n-1) * sd / sqrt(n) over seeds (n = 3: t = 4.30), so with three
 seeds an interval is wide; a mean with an ``inf`` seed is ``inf``. Rows are ranked by the
 named figure of each table. Nothing here is tuned; the figures are what the runs give.
+
+``--against ROW`` adds paired comparisons: every row minus ``ROW`` seed by seed (the same
+seed draws the same pool and world for every row, so the pairing removes what the seeds
+share), the mean difference with its 95% interval and the number of seeds on which the row
+is ahead; on the effective sample ratio under grpo's advantage (allocation part) and on the
+tokens to grpo's final held-out accuracy (learning part; seeds where either run never gets
+there are left out and counted).
 """
 
 from __future__ import annotations
@@ -69,6 +76,15 @@ ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo", "trace:scale=group")
 ALLOCATION_ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo")  # trace:scale=group counts as trace
 BASELINES = ("grpo", "uniform", "dapo", "pcl", "knapsack", "greso", "vip", "trace-paper", "oracle", "oracle-er")
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def t975(df: int) -> float:
+    """Student's t 97.5% quantile: the table to 9 degrees of freedom, beyond it the
+    Cornish-Fisher expansion around the normal quantile (within 0.003 of the exact value)."""
+    if df in T975:
+        return T975[df]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 def grid_cells(predictors: tuple[str, ...], m_min: int | str = "budget") -> list[dict[str, Any]]:
@@ -142,7 +158,7 @@ def interval(xs: list[float]) -> tuple[float, float]:
     m = statistics.fmean(xs)
     if len(xs) < 2:
         return m, math.nan
-    return m, T975.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return m, t975(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
 
 
 def fmt(mi: tuple[float, float], pct: bool = False, digits: int = 2) -> str:
@@ -247,6 +263,38 @@ def learning_table(summary: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def paired_table(values: dict[str, dict[int, float]], against: str, what: str, scale: float = 1.0,
+                 higher_is_better: bool = True) -> list[str]:
+    """Markdown: every row's ``values`` minus ``against``'s on the same seed (times ``scale``),
+    mean ± 95% interval, and on how many seeds the row is ahead; seeds where either value is
+    not finite are left out and counted. Rows in the order given."""
+    head = ["row", f"{what}: row − {against}", "row ahead on", "seeds left out"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    base = values[against]
+    for key, by_seed in values.items():
+        if key == against:
+            continue
+        seeds = sorted(set(by_seed) & set(base))
+        both = [s for s in seeds if math.isfinite(by_seed[s]) and math.isfinite(base[s])]
+        diff = [scale * (by_seed[s] - base[s]) for s in both]
+        ahead = sum((d > 0) if higher_is_better else (d < 0) for d in diff)
+        text = fmt(interval(diff), digits=2) if diff else "–"
+        lines.append(f"| {key} | {text} | {ahead} of {len(diff)} | {len(seeds) - len(both)} |")
+    return lines
+
+
+def allocation_paired(runs: dict[str, dict[int, Any]], against: str) -> list[str]:
+    """:func:`paired_table` on the effective sample ratio under grpo's advantage, in points."""
+    esr = {k: {s: r["effective_sample_ratio_by_advantage"]["grpo"]["trajectories"] for s, r in v.items()} for k, v in runs.items()}
+    return paired_table(esr, against, "ESR (grpo adv.), points", scale=100.0)
+
+
+def learning_paired(summary: dict[str, dict[str, Any]], seeds: list[int], against: str) -> list[str]:
+    """:func:`paired_table` on the tokens to grpo's final held-out accuracy (x grpo's; lower is better)."""
+    tok = {k: dict(zip(seeds, s["tokens_to_grpo"])) for k, s in summary.items()}
+    return paired_table(tok, against, "tokens to grpo's final acc. (x grpo's)", higher_is_better=False)
+
+
 def learning_pivot(summary: dict[str, dict[str, Any]], advantages: tuple[str, ...]) -> list[str]:
     """Markdown: one row per grid cell (and baseline), one column per advantage estimator,
     each entry the tokens needed to reach grpo's final held-out accuracy (x grpo's, mean ±
@@ -266,7 +314,36 @@ def learning_pivot(summary: dict[str, dict[str, Any]], advantages: tuple[str, ..
     return lines
 
 
-def main() -> None:
+def render(out: dict[str, Any], against: str | None = None) -> list[str]:
+    """The markdown tables of a run, or of its saved ``--json`` (seeds there are strings);
+    with ``against``, each part's paired table where that row is one of the part's rows."""
+    a = out["args"]
+    seeds = sorted(int(s) for s in a["seeds"].split(","))
+    md: list[str] = []
+    if "allocation" in out:
+        runs = {k: {int(s): r for s, r in v.items()} for k, v in out["allocation"].items()}
+        md += [f"### Allocation (frozen policy, difficulty {a['difficulty']}, M = {a['trajectories']}, {a['steps']} steps, "
+               f"seeds {a['seeds']}; ranked by the effective sample ratio under grpo's advantage; mean ± 95% interval)", ""]
+        md += allocation_table(runs) + [""]
+        if against in runs:
+            md += [f"Paired by seed against {against}:", ""] + allocation_paired(runs, against) + [""]
+    if "learning_summary" in out:
+        summary = out["learning_summary"]
+        advs = tuple(x for x in a["advantages"].split(",") if x)
+        g = summary["grpo"]
+        md += [f"### Learning (ContrastLab learning mode, {'plain SGD' if a['sgd'] else 'scale-free steps'}, lr {a['lr']}, "
+               f"shared lr {a['shared_lr']}, difficulty {a['difficulty']}, M = {a['trajectories']}, "
+               f"{a['steps']} steps, seeds {a['seeds']}; held-out accuracy {g['initial_test_success']:.3f} at the start, "
+               f"grpo ends at {statistics.fmean(g['final_test_success']):.3f}; ranked by the tokens needed to reach grpo's "
+               "final held-out accuracy, as a multiple of grpo's; mean ± 95% interval)", ""]
+        md += learning_table(summary) + ["", "The same, one column per advantage estimator:", ""]
+        md += learning_pivot(summary, advs) + [""]
+        if against in summary:
+            md += [f"Paired by seed against {against}:", ""] + learning_paired(summary, seeds, against) + [""]
+    return md
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", choices=("both", "allocation", "learning"), default="both")
     ap.add_argument("--seeds", default="0,1,2")
@@ -294,17 +371,16 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", default=None)
     ap.add_argument("--from-json", default=None, help="render the tables of an earlier --json instead of running")
-    args = ap.parse_args()
+    ap.add_argument("--against", default=None, metavar="ROW",
+                    help="also print every row minus ROW, paired by seed (a row label, e.g. pcl; in the learning part a "
+                         "grid cell's label ends in ' adv=NAME')")
+    args = ap.parse_args(argv)
     if args.from_json:
         with open(args.from_json) as fh:
             saved = json.load(fh)
-        md = []
-        if "allocation" in saved:
-            md += allocation_table({k: {int(s): r for s, r in v.items()} for k, v in saved["allocation"].items()}) + [""]
-        if "learning_summary" in saved:
-            advs = tuple(a for a in saved["args"]["advantages"].split(",") if a)
-            md += learning_table(saved["learning_summary"]) + [""] + learning_pivot(saved["learning_summary"], advs) + [""]
-        print("\n".join(md))
+        if args.against and not any(args.against in saved.get(part, {}) for part in ("allocation", "learning")):
+            ap.error(f"--against {args.against!r} is no row of {args.from_json}")
+        print("\n".join(render(saved, args.against)))
         return
     predictors = tuple(p for p in args.predictors.split(",") if p)
     m_min = int(args.m_min) if args.m_min.isdigit() else args.m_min
@@ -313,32 +389,21 @@ def main() -> None:
     if args.rows:
         wanted = [w for w in args.rows.split(",") if w]
         rows = [r for r in rows if r["label"] == "grpo" or any(w in r["label"] for w in wanted)]
+    advs = tuple(a for a in args.advantages.split(",") if a)
+    if args.against:
+        keys = {r["label"] for r in rows} | {f"{r['label']} adv={a}" for r in rows if r.get("grid") for a in advs}
+        if args.against not in keys:
+            ap.error(f"--against {args.against!r} is no row of this run; rows: {', '.join(sorted(keys))}")
     out: dict[str, Any] = {"args": vars(args)}
-    md: list[str] = []
     t0 = time.perf_counter()
     if args.part in ("both", "allocation"):
         print(f"allocation part: {len(rows)} rows x {args.seeds} seeds", file=sys.stderr)
-        runs = run_part(args, 0.0, rows, (None,))
-        out["allocation"] = runs
-        md += [f"### Allocation (frozen policy, difficulty {args.difficulty}, M = {args.trajectories}, {args.steps} steps, "
-               f"seeds {args.seeds}; "
-               "ranked by the effective sample ratio under grpo's advantage; mean ± 95% interval)", ""]
-        md += allocation_table(runs) + [""]
+        out["allocation"] = run_part(args, 0.0, rows, (None,))
     if args.part in ("both", "learning"):
-        advs = tuple(a for a in args.advantages.split(",") if a)
         print(f"learning part: {len(rows)} rows (grid cells x {len(advs)} advantages) x {args.seeds} seeds", file=sys.stderr)
-        runs = run_part(args, args.lr, rows, advs)
-        out["learning"] = runs
-        summary = learning_summary(runs)
-        out["learning_summary"] = summary
-        g = summary["grpo"]
-        md += [f"### Learning (ContrastLab learning mode, {'plain SGD' if args.sgd else 'scale-free steps'}, lr {args.lr}, "
-               f"shared lr {args.shared_lr}, difficulty {args.difficulty}, M = {args.trajectories}, "
-               f"{args.steps} steps, seeds {args.seeds}; held-out accuracy {g['initial_test_success']:.3f} at the start, "
-               f"grpo ends at {statistics.fmean(g['final_test_success']):.3f}; ranked by the tokens needed to reach grpo's "
-               "final held-out accuracy, as a multiple of grpo's; mean ± 95% interval)", ""]
-        md += learning_table(summary) + ["", "The same, one column per advantage estimator:", ""]
-        md += learning_pivot(summary, advs) + [""]
+        out["learning"] = run_part(args, args.lr, rows, advs)
+        out["learning_summary"] = learning_summary(out["learning"])
+    md = render(out, args.against)
     text = "\n".join(md)
     print(text)
     print(f"total {time.perf_counter() - t0:.0f} s", file=sys.stderr)

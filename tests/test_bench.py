@@ -179,3 +179,37 @@ def test_esr_ceiling_posterior_is_exact_and_rules_order_as_they_must():
     assert esr["grpo"] < esr["greedy"] < esr["tree"] and esr["greedy"] < esr["oracle"]
     with pytest.raises(SystemExit):
         mod.main(["--rules", "grpo,psychic"])
+
+
+def test_ablation_grid_pairs_rows_by_seed(tmp_path, capsys):
+    """--against: each row minus the reference on the same seed, so what the seeds share
+    (the pool, the world) drops out of the interval; non-finite seeds are left out and counted."""
+    import json
+
+    g = _grid_module()
+    inf = float("inf")
+    assert g.t975(2) == 4.303
+    assert g.t975(10) == pytest.approx(2.228, abs=0.003) and g.t975(30) == pytest.approx(2.042, abs=0.003)
+    esr = {"pcl": {0: 0.80, 1: 0.90, 2: 0.70}, "trace": {0: 0.81, 1: 0.91, 2: 0.72}, "x": {0: 0.5, 1: inf, 2: 0.6}}
+    lines = g.paired_table(esr, "pcl", "ESR", scale=100.0)
+    assert len(lines) == 4 and not any(line.startswith("| pcl |") for line in lines)
+    trace = next(line for line in lines if line.startswith("| trace |"))
+    assert g.fmt(g.interval([1.0, 1.0, 2.0])) in trace and "| 3 of 3 | 0 |" in trace
+    x = next(line for line in lines if line.startswith("| x |"))
+    assert g.fmt(g.interval([-30.0, -10.0])) in x and "| 0 of 2 | 1 |" in x
+    tokens = g.paired_table({"grpo": {0: 1.0, 1: 1.0}, "trace": {0: 0.4, 1: 1.2}}, "grpo", "tokens", higher_is_better=False)
+    assert "| 1 of 2 |" in tokens[-1]
+
+    def run(v):
+        by_adv = {a: {"trajectories": v} for a in g.ALLOCATION_ADVANTAGES}
+        return {"effective_ratio": v, "effective_sample_ratio_by_advantage": by_adv, "tokens": 1.0, "prompts": 1.0}
+
+    saved = {"args": {"seeds": "0,1,2", "difficulty": "beta:0.5,0.5", "trajectories": 8, "steps": 1},
+             "allocation": {k: {str(s): run(v) for s, v in by_seed.items()} for k, by_seed in esr.items() if k != "x"}}
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps(saved))
+    g.main(["--from-json", str(path), "--against", "pcl"])
+    out = capsys.readouterr().out
+    assert "Paired by seed against pcl" in out and "| trace | 1.33 ± 1.43 | 3 of 3 | 0 |" in out
+    with pytest.raises(SystemExit):
+        g.main(["--from-json", str(path), "--against", "oracle"])
