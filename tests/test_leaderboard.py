@@ -355,6 +355,10 @@ BAD_SUITES = {
     "duplicate allocator": (lambda d: d["tracks"][0].__setitem__("allocators", ["grpo", "grpo"]), "appear more than once"),
     "bad estimator option": (lambda d: d["tracks"][0].__setitem__("allocators", ["grpo", {"name": "trace", "advantage": "trace:sale=group"}]),
                              "tracks[0].allocators[1].advantage: advantage estimator 'trace': unknown option 'sale' (options: scale, eps)"),
+    "unknown allocator predictor": (lambda d: d["tracks"][0].__setitem__("allocators", ["grpo", {"name": "trace", "predictor": "hashd"}]),
+                                    "tracks[0].allocators[1].predictor: unknown predictor 'hashd'; did you mean 'hashed'"),
+    "unknown track advantage": (lambda d: d["tracks"][0].__setitem__("advantage", "grp"),
+                                "tracks[0].advantage: unknown advantage estimator 'grp'; did you mean 'grpo'"),
 }
 
 

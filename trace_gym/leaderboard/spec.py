@@ -116,7 +116,25 @@ class EnvEntry(_Strict):
         return self.label or self.id.split("/")[-1]
 
 
-class AllocatorEntry(_Strict):
+class _Overrides(_Strict):
+    """The predictor and advantage estimator that a track, or one allocator of it, may set;
+    each is checked against its registry when the suite loads."""
+
+    predictor: ComponentSpec | None = None
+    advantage: ComponentSpec | None = None
+
+    @field_validator("predictor")
+    @classmethod
+    def _predictor(cls, v: ComponentSpec | None) -> ComponentSpec | None:
+        return _check_predictor_spec(v)
+
+    @field_validator("advantage")
+    @classmethod
+    def _estimator(cls, v: ComponentSpec | None) -> ComponentSpec | None:
+        return _check_advantage_spec(v)
+
+
+class AllocatorEntry(_Overrides):
     """One allocator of a track, written as everywhere else (``"trace:stage1=uniform"`` or
     ``{name: trace, kwargs: {stage1: uniform}}``), with an optional display label and,
     optionally, the predictor it runs with (default: the track's, else the allocator's own;
@@ -126,8 +144,6 @@ class AllocatorEntry(_Strict):
     name: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
     label: str | None = None
-    predictor: ComponentSpec | None = None
-    advantage: ComponentSpec | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -141,16 +157,6 @@ class AllocatorEntry(_Strict):
     @classmethod
     def _registered(cls, v: str) -> str:
         return _check_registered("allocator", v)
-
-    @field_validator("predictor")
-    @classmethod
-    def _predictor(cls, v: ComponentSpec | None) -> ComponentSpec | None:
-        return _check_predictor_spec(v)
-
-    @field_validator("advantage")
-    @classmethod
-    def _estimator(cls, v: ComponentSpec | None) -> ComponentSpec | None:
-        return _check_advantage_spec(v)
 
     @model_validator(mode="after")
     def _options(self) -> "AllocatorEntry":
@@ -233,7 +239,7 @@ def _entries(v: Any, entry: type[BaseModel], key: str) -> Any:
     return v
 
 
-class TrackSpec(_Strict):
+class TrackSpec(_Overrides):
     """One track of a suite: envs x allocators x seeds at one budget, policy and step count.
 
     ``seeds`` defaults to the suite's. ``predictor`` (``"hashed:lr=0.03"``) overrides
@@ -252,8 +258,6 @@ class TrackSpec(_Strict):
     budget: BudgetSpec
     steps: int = Field(ge=1)
     seeds: list[int] | None = None
-    predictor: ComponentSpec | None = None
-    advantage: ComponentSpec | None = None
     trainer: TrainerSpec | None = None
     eval: EvalSpec | None = None
 
@@ -266,16 +270,6 @@ class TrackSpec(_Strict):
     @classmethod
     def _alloc_shorthand(cls, v: Any) -> Any:
         return _entries(v, AllocatorEntry, "name")
-
-    @field_validator("predictor")
-    @classmethod
-    def _predictor(cls, v: ComponentSpec | None) -> ComponentSpec | None:
-        return _check_predictor_spec(v)
-
-    @field_validator("advantage")
-    @classmethod
-    def _estimator(cls, v: ComponentSpec | None) -> ComponentSpec | None:
-        return _check_advantage_spec(v)
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrackSpec":
