@@ -219,6 +219,16 @@ def contrastlab(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], li
     return result, lines
 
 
+def warm_start_versions(log: Path) -> dict[str, str]:
+    """The package versions a warm start was trained with, from its ``sft_summary.json``
+    (the warm-start log's first word is its directory); empty when not recorded."""
+    try:
+        summary = Path(log.read_text().split()[0]) / "sft_summary.json"
+        return json.loads(summary.read_text()).get("versions", {})
+    except (OSError, IndexError, ValueError):
+        return {}
+
+
 def quick(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str]]:
     """The quick preset on MathCalc: SFT once (cached), then trace and grpo per seed."""
     cfg = str(ROOT / "configs" / "quick.yaml")
@@ -264,6 +274,9 @@ def quick(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str
             cmp.setdefault("variants", {})[name] = c
         lines += report(f"Quick preset: tiny model on MathCalc (held-out mean@k), {name} (in the 'trace' columns) vs grpo", c, t_rl)
     lines.insert(-1, f"SFT warm start {t_sft:.0f} s (0 when cached); RL runs {t_rl:.0f} s with {args.workers} workers x {args.threads} thread(s)")
+    built = warm_start_versions(warm)
+    lines.insert(-1, "warm start trained with: " + (", ".join(f"{k} {v}" for k, v in built.items()) if built
+                                                   else "not recorded"))
     return cmp, lines
 
 
@@ -322,8 +335,14 @@ def main() -> int:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {"seeds": args.seeds, "workers": args.workers, "threads": args.threads, "cpus": os.cpu_count()}
-    lines = [f"# train_bench ({len(args.seeds)} seeds, {args.workers} workers x {args.threads} thread(s), {os.cpu_count()} CPUs)", ""]
+    from trace_gym.leaderboard.runner import package_versions
+
+    # a real model's warm start depends on the install (README, "Training on the quick preset"): say which
+    versions = package_versions()
+    summary: dict[str, Any] = {"seeds": args.seeds, "workers": args.workers, "threads": args.threads, "cpus": os.cpu_count(),
+                               "versions": versions}
+    lines = [f"# train_bench ({len(args.seeds)} seeds, {args.workers} workers x {args.threads} thread(s), {os.cpu_count()} CPUs)", "",
+             "installed: " + ", ".join(f"{k} {v}" for k, v in versions.items()), ""]
     t0 = time.perf_counter()
     if args.only in (None, "contrastlab"):
         summary["contrastlab"], more = contrastlab(args, out)

@@ -107,7 +107,7 @@ def test_warm_start_is_cached_and_teaches_the_answer_format():
     cfg = SFTConfig(envs=[EnvSpec(id="trace_gym/ContrastLab-v0", kwargs=CL)], tasks=320, epochs=3, lr=5e-3, batch_size=16,
                     strip_thoughts=True)
     logged = []
-    d = warm_start("tiny", cfg, tiny=spec, log=logged.append)
+    d = warm_start("tiny", cfg, tiny=spec, log=logged.append, rebuild=True)  # trained here, not left by an earlier run
     stamp = (d / "model.safetensors").stat().st_mtime_ns
     logged.clear()
     t0 = time.perf_counter()
@@ -117,6 +117,12 @@ def test_warm_start_is_cached_and_teaches_the_answer_format():
     from trace_gym.trainers.sft import resolve_base, sft_key
 
     assert sft_key(resolve_base("tiny", spec)[1], other) != sft_key(resolve_base("tiny", spec)[1], cfg)
+    # the install it was trained with travels with it (the key holds only the config)
+    import json
+    from importlib import metadata
+
+    versions = json.loads((d / "sft_summary.json").read_text())["versions"]
+    assert versions["torch"] == metadata.version("torch") and versions["transformers"] == metadata.version("transformers")
 
     env = trace_gym.make("trace_gym/ContrastLab-v0", **CL)
     tasks = held_out_tasks(env, 16)

@@ -255,7 +255,8 @@ def sft_key(identity: str, cfg: SFTConfig) -> str:
 def warm_start(model: str, cfg: SFTConfig, *, tiny: TinySpec | None = None, threads: int | None = None,
                log: Callable[[dict[str, float]], None] | None = None, rebuild: bool = False) -> Path:
     """The directory of ``model`` after SFT with ``cfg``, trained on first use and cached
-    (``$TRACE_GYM_CACHE/sft/<name>-<key>``; ``sft_summary.json`` inside has the figures)."""
+    (``$TRACE_GYM_CACHE/sft/<name>-<key>``; ``sft_summary.json`` inside has the figures and
+    the package versions it was trained with)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trace_gym.policies.chat import ChatTemplate
@@ -277,7 +278,11 @@ def warm_start(model: str, cfg: SFTConfig, *, tiny: TinySpec | None = None, thre
     examples = build_examples(chat, cfg.envs, cfg.tasks, strip_thoughts=cfg.strip_thoughts)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat.eot_id
     summary = train_sft(net, int(pad), examples, cfg, log=log)
-    summary.update(base=ident, config=cfg.model_dump(mode="json"))
+    # the key holds the config, not the install: a warm start rebuilt under other package
+    # versions can differ (README, "Training on the quick preset"), so the summary says which
+    from trace_gym.leaderboard.runner import package_versions
+
+    summary.update(base=ident, config=cfg.model_dump(mode="json"), versions=package_versions())
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:

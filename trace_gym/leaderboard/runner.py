@@ -50,7 +50,7 @@ from trace_gym.step import RolloutSource, Step, StepResult
 
 # ----------------------------------------------------------------------------- provenance
 
-_VERSION_PACKAGES = ("trace-gym", "numpy", "numba", "gymnasium", "pydantic", "torch", "transformers", "vllm")
+_VERSION_PACKAGES = ("trace-gym", "numpy", "numba", "gymnasium", "pydantic", "torch", "transformers", "tokenizers", "vllm")
 
 
 def package_versions() -> dict[str, str]:
