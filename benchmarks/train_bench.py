@@ -219,6 +219,11 @@ def contrastlab(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], li
     return result, lines
 
 
+def versions_text(versions: dict[str, str]) -> str:
+    """``{"torch": "2.13.0"}`` as ``"torch 2.13.0"``, comma-separated ("not recorded" when empty)."""
+    return ", ".join(f"{k} {v}" for k, v in versions.items()) or "not recorded"
+
+
 def warm_start_versions(log: Path) -> dict[str, str]:
     """The package versions a warm start was trained with, from its ``sft_summary.json``
     (the warm-start log's first word is its directory); empty when not recorded."""
@@ -274,9 +279,7 @@ def quick(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str
             cmp.setdefault("variants", {})[name] = c
         lines += report(f"Quick preset: tiny model on MathCalc (held-out mean@k), {name} (in the 'trace' columns) vs grpo", c, t_rl)
     lines.insert(-1, f"SFT warm start {t_sft:.0f} s (0 when cached); RL runs {t_rl:.0f} s with {args.workers} workers x {args.threads} thread(s)")
-    built = warm_start_versions(warm)
-    lines.insert(-1, "warm start trained with: " + (", ".join(f"{k} {v}" for k, v in built.items()) if built
-                                                   else "not recorded"))
+    lines.insert(-1, "warm start trained with: " + versions_text(warm_start_versions(warm)))
     return cmp, lines
 
 
@@ -342,7 +345,7 @@ def main() -> int:
     summary: dict[str, Any] = {"seeds": args.seeds, "workers": args.workers, "threads": args.threads, "cpus": os.cpu_count(),
                                "versions": versions}
     lines = [f"# train_bench ({len(args.seeds)} seeds, {args.workers} workers x {args.threads} thread(s), {os.cpu_count()} CPUs)", "",
-             "installed: " + ", ".join(f"{k} {v}" for k, v in versions.items()), ""]
+             "installed: " + versions_text(versions), ""]
     t0 = time.perf_counter()
     if args.only in (None, "contrastlab"):
         summary["contrastlab"], more = contrastlab(args, out)
