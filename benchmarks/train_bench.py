@@ -238,12 +238,13 @@ def quick(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str
     """The quick preset on MathCalc: SFT once (cached), then trace and grpo per seed."""
     cfg = str(ROOT / "configs" / "quick.yaml")
     t0 = time.perf_counter()
-    # the warm start first, alone (the workers then find it cached)
+    # the warm start first, alone (the workers then find it cached); it trains with the
+    # config's sft.threads, whatever --threads says, so every caller builds the same one
     warm = out / "quick-sft.log"
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads * args.workers), HF_HUB_OFFLINE="1")
     if not args.report_only:
         code = ("import sys, time, torch; from trace_gym.trainers.config import load_config; from trace_gym.trainers.sft import warm_start;"
-                f"torch.set_num_threads({args.threads * args.workers}); c = load_config(sys.argv[1]); t = time.time();"
+                "c = load_config(sys.argv[1]); t = time.time();"
                 "d = warm_start(c.model.name, c.sft.sft(), tiny=c.model.tiny); print(d, round(time.time() - t, 1))")
         with open(warm, "w") as fh:
             subprocess.run([sys.executable, "-c", code, cfg], env=env, stdout=fh, stderr=subprocess.STDOUT, check=True, cwd=ROOT)

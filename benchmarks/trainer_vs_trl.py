@@ -71,7 +71,7 @@ def warm_model(threads: int) -> str:
     from trace_gym.trainers.sft import SFTConfig, warm_start
 
     t0 = time.perf_counter()
-    path = warm_start("tiny", SFTConfig.model_validate(SFT), tiny=TinySpec(**TINY), threads=threads)
+    path = warm_start("tiny", SFTConfig.model_validate({**SFT, "threads": threads}), tiny=TinySpec(**TINY))
     print(f"warm-started model: {path} ({time.perf_counter() - t0:.0f} s; cached after the first run)", flush=True)
     return str(path)
 

@@ -107,7 +107,15 @@ def test_warm_start_is_cached_and_teaches_the_answer_format():
     cfg = SFTConfig(envs=[EnvSpec(id="trace_gym/ContrastLab-v0", kwargs=CL)], tasks=320, epochs=3, lr=5e-3, batch_size=16,
                     strip_thoughts=True)
     logged = []
-    d = warm_start("tiny", cfg, tiny=spec, log=logged.append, rebuild=True)  # trained here, not left by an earlier run
+    import torch
+
+    caller = torch.get_num_threads()
+    torch.set_num_threads(2)  # the caller's thread count: the SFT trains with cfg.threads (1) and gives it back
+    try:
+        d = warm_start("tiny", cfg, tiny=spec, log=logged.append, rebuild=True)  # trained here, not left by an earlier run
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(caller)
     stamp = (d / "model.safetensors").stat().st_mtime_ns
     logged.clear()
     t0 = time.perf_counter()
@@ -116,12 +124,17 @@ def test_warm_start_is_cached_and_teaches_the_answer_format():
     other = cfg.model_copy(update={"lr": 1e-3})
     from trace_gym.trainers.sft import resolve_base, sft_key
 
-    assert sft_key(resolve_base("tiny", spec)[1], other) != sft_key(resolve_base("tiny", spec)[1], cfg)
-    # the install it was trained with travels with it (the key holds only the config)
+    ident = resolve_base("tiny", spec)[1]
+    assert sft_key(ident, other) != sft_key(ident, cfg)
+    # the thread count and the device train other weights, so they key other warm starts
+    assert sft_key(ident, cfg.model_copy(update={"threads": 2})) != sft_key(ident, cfg) != sft_key(ident, cfg, "cuda")
+    # the install it was trained with travels with it (the key holds the config and device, not the install)
     import json
     from importlib import metadata
 
-    versions = json.loads((d / "sft_summary.json").read_text())["versions"]
+    summary = json.loads((d / "sft_summary.json").read_text())
+    assert summary["threads"] == 1 and summary["device"] == "cpu"
+    versions = summary["versions"]
     assert versions["torch"] == metadata.version("torch") and versions["transformers"] == metadata.version("transformers")
 
     env = trace_gym.make("trace_gym/ContrastLab-v0", **CL)

@@ -209,7 +209,7 @@ def _eval_policy(args: argparse.Namespace, cfg: Any) -> tuple[str, Any]:
         return build(path, None, args.model)
     start, _ = resolve_base(cfg.model.name, cfg.model.tiny)
     if cfg.sft.enabled:
-        start = str(warm_start(cfg.model.name, cfg.sft.sft(), tiny=cfg.model.tiny, threads=cfg.model.threads))
+        start = str(warm_start(cfg.model.name, cfg.sft.sft(), tiny=cfg.model.tiny))
     if args.sft:
         return build(start, None, f"{start} (SFT warm start)")
     ckpt = CheckpointManager(Path(cfg.output_dir) / "checkpoints")

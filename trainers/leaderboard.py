@@ -115,7 +115,7 @@ def warm_start(track: TrackSpec, env_ids: list[str], cache: dict) -> str:
     from trace_gym.trainers import sft
 
     console = cache.get("console")
-    cfg, tiny, threads = warm_start_plan(track, env_ids)
+    cfg, tiny, _ = warm_start_plan(track, env_ids)
     progress = cache.get("progress")
     label = f"SFT warm start of {track.policy.model} (cached after the first run)"
     bar = progress.add_task(label, total=None) if progress is not None else None
@@ -126,7 +126,7 @@ def warm_start(track: TrackSpec, env_ids: list[str], cache: dict) -> str:
             progress.update(bar, description=f"{label}: {shown}")
 
     t0 = time.perf_counter()
-    path = sft.warm_start(track.policy.model, cfg, tiny=tiny, threads=threads, log=log)
+    path = sft.warm_start(track.policy.model, cfg, tiny=tiny, log=log)
     if bar is not None:
         progress.remove_task(bar)
     if console is not None:

@@ -233,7 +233,7 @@ class RLTrainer:
                 if r["step"] % max(1, int(r["steps"]) // 10) == 0 or r["step"] == r["steps"]:
                     self.say(f"SFT step {int(r['step'])}/{int(r['steps'])}  loss {r['loss']:.3f}  ({time.perf_counter() - t0:.0f} s)")
 
-            path = str(warm_start(cfg.model.name, cfg.sft.sft(), tiny=cfg.model.tiny, threads=cfg.model.threads, log=sft_log))
+            path = str(warm_start(cfg.model.name, cfg.sft.sft(), tiny=cfg.model.tiny, log=sft_log))
             summary_file = Path(path) / "sft_summary.json"
             self.sft_summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
             self.say(f"SFT warm start: {path} ({time.perf_counter() - t0:.1f} s; cached after the first run)")

@@ -40,7 +40,8 @@ from trace_gym.trainers.presets import TinySpec, cache_root, tiny_model_dir
 
 
 class SFTConfig(BaseModel):
-    """The SFT warm start. Every field but ``micro_batch_tokens`` (memory only) is part of the cache key."""
+    """The SFT warm start. Every field but ``micro_batch_tokens`` (memory only) is part of the
+    cache key, with the device it trains on: the key names the weights, whoever builds them."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -60,6 +61,9 @@ class SFTConfig(BaseModel):
     strip_thoughts: bool = Field(False, description="Drop <think>...</think> blocks from demonstrated turns: shorter turns for small models that do not use them.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip.")
     seed: int = Field(0, description="Seeds task order and batching.")
+    threads: int = Field(1, ge=1, description="torch CPU threads the SFT trains with, whatever the calling process uses. "
+                                              "Part of the cache key: the thread count sets the order of float sums, and "
+                                              "over a long run that gives different weights.")
 
 
 # ----------------------------------------------------------------------------- data
@@ -246,17 +250,21 @@ def resolve_base(model: str, tiny: TinySpec | None = None) -> tuple[str, str]:
     return path, ident
 
 
-def sft_key(identity: str, cfg: SFTConfig) -> str:
-    """Cache key of a warm start: the base model's identity and the config."""
-    blob = json.dumps({"base": identity, "sft": cfg.model_dump(mode="json", exclude={"micro_batch_tokens"})}, sort_keys=True)
+def sft_key(identity: str, cfg: SFTConfig, device: str = "cpu") -> str:
+    """Cache key of a warm start: the base model's identity, the config and the device type
+    it trains on (``"cpu"`` or ``"cuda"``: their kernels sum in different orders)."""
+    blob = json.dumps({"base": identity, "sft": cfg.model_dump(mode="json", exclude={"micro_batch_tokens"}), "device": device},
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def warm_start(model: str, cfg: SFTConfig, *, tiny: TinySpec | None = None, threads: int | None = None,
+def warm_start(model: str, cfg: SFTConfig, *, tiny: TinySpec | None = None,
                log: Callable[[dict[str, float]], None] | None = None, rebuild: bool = False) -> Path:
     """The directory of ``model`` after SFT with ``cfg``, trained on first use and cached
-    (``$TRACE_GYM_CACHE/sft/<name>-<key>``; ``sft_summary.json`` inside has the figures and
-    the package versions it was trained with)."""
+    (``$TRACE_GYM_CACHE/sft/<name>-<key>``, :func:`sft_key`; ``sft_summary.json`` inside has
+    the figures, the device, the torch threads and the package versions it was trained
+    with). The SFT runs with ``cfg.threads`` torch threads; the process's setting is restored
+    afterwards."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trace_gym.policies.chat import ChatTemplate
@@ -266,23 +274,27 @@ def warm_start(model: str, cfg: SFTConfig, *, tiny: TinySpec | None = None, thre
 
     path, ident = resolve_base(model, tiny)
     name = Path(path).name if model != "tiny" else "tiny"
-    final = cache_root() / "sft" / f"{name}-{sft_key(ident, cfg)}"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    final = cache_root() / "sft" / f"{name}-{sft_key(ident, cfg, device)}"
     if (final / "sft_summary.json").is_file() and not rebuild:
         return final
-    if threads:
-        torch.set_num_threads(int(threads))
     tokenizer = AutoTokenizer.from_pretrained(path)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     net = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
     chat = ChatTemplate(tokenizer)
     examples = build_examples(chat, cfg.envs, cfg.tasks, strip_thoughts=cfg.strip_thoughts)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat.eot_id
-    summary = train_sft(net, int(pad), examples, cfg, log=log)
-    # the key holds the config, not the install: a warm start rebuilt under other package
-    # versions can differ (README, "Training on the quick preset"), so the summary says which
+    caller_threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        summary = train_sft(net, int(pad), examples, cfg, log=log)
+        summary["threads"] = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(caller_threads)
+    # the key holds the config and the device, not the install: a warm start rebuilt under
+    # other package versions can differ, so the summary says which
     from trace_gym.leaderboard.runner import package_versions
 
-    summary.update(base=ident, config=cfg.model_dump(mode="json"), versions=package_versions())
+    summary.update(base=ident, config=cfg.model_dump(mode="json"), device=device, versions=package_versions())
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:
