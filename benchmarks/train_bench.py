@@ -244,13 +244,13 @@ def quick(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads * args.workers), HF_HUB_OFFLINE="1")
     if not args.report_only:
         code = ("import sys, time, torch; from trace_gym.trainers.config import load_config; from trace_gym.trainers.sft import warm_start;"
-                "c = load_config(sys.argv[1]); t = time.time();"
+                "c = load_config(sys.argv[1], sys.argv[2:]); t = time.time();"
                 "d = warm_start(c.model.name, c.sft.sft(), tiny=c.model.tiny); print(d, round(time.time() - t, 1))")
         with open(warm, "w") as fh:
-            subprocess.run([sys.executable, "-c", code, cfg], env=env, stdout=fh, stderr=subprocess.STDOUT, check=True, cwd=ROOT)
+            subprocess.run([sys.executable, "-c", code, cfg, *args.set], env=env, stdout=fh, stderr=subprocess.STDOUT, check=True, cwd=ROOT)
     t_sft = time.perf_counter() - t0
     jobs = []
-    extra = [f"steps={args.steps}"] if args.steps else []
+    extra = ([f"steps={args.steps}"] if args.steps else []) + list(args.set)
     # the config's allocator (the default trace), other allocator specs (--variants), grpo
     variants = [("trace", [])] + [(v, v.split(";")) for v in args.variants]
     for seed in args.seeds:
@@ -331,6 +331,9 @@ def main() -> int:
                    help="quick preset: more runs beside the config's trace and grpo, each compared with grpo; one variant is "
                         "';'-separated config overrides, e.g. 'allocator=trace:root_fraction=0.25' 'advantage=tree_grpo'")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="quick preset: a config override for every run and the warm start, repeatable "
+                        "(e.g. sft.threads=2 for the two-thread warm start)")
     p.add_argument("--only", choices=["contrastlab", "quick", "smollm2"], default=None,
                    help="run one part (default: contrastlab and quick; smollm2 only when asked, it is slow on CPU)")
     p.add_argument("--out", default=str(ROOT / "results" / "train_bench"))
@@ -343,7 +346,7 @@ def main() -> int:
 
     # a real model's warm start depends on the install (README, "Training on the quick preset"): say which
     versions = package_versions()
-    summary: dict[str, Any] = {"seeds": args.seeds, "workers": args.workers, "threads": args.threads, "cpus": os.cpu_count(),
+    summary: dict[str, Any] = {"seeds": args.seeds, "workers": args.workers, "threads": args.threads, "set": args.set, "cpus": os.cpu_count(),
                                "versions": versions}
     lines = [f"# train_bench ({len(args.seeds)} seeds, {args.workers} workers x {args.threads} thread(s), {os.cpu_count()} CPUs)", "",
              "installed: " + versions_text(versions), ""]
