@@ -243,7 +243,7 @@ def quick(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str
     warm = out / "quick-sft.log"
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads * args.workers), HF_HUB_OFFLINE="1")
     if not args.report_only:
-        code = ("import sys, time, torch; from trace_gym.trainers.config import load_config; from trace_gym.trainers.sft import warm_start;"
+        code = ("import sys, time; from trace_gym.trainers.config import load_config; from trace_gym.trainers.sft import warm_start;"
                 "c = load_config(sys.argv[1], sys.argv[2:]); t = time.time();"
                 "d = warm_start(c.model.name, c.sft.sft(), tiny=c.model.tiny); print(d, round(time.time() - t, 1))")
         with open(warm, "w") as fh:

@@ -112,8 +112,14 @@ def test_warm_start_is_cached_and_teaches_the_answer_format():
     caller = torch.get_num_threads()
     torch.set_num_threads(2)  # the caller's thread count: the SFT trains with cfg.threads (1) and gives it back
     try:
-        d = warm_start("tiny", cfg, tiny=spec, log=logged.append, rebuild=True)  # trained here, not left by an earlier run
-        assert torch.get_num_threads() == 2
+        seen_threads = set()
+
+        def log(r):
+            logged.append(r)
+            seen_threads.add(torch.get_num_threads())
+
+        d = warm_start("tiny", cfg, tiny=spec, log=log, rebuild=True)  # trained here, not left by an earlier run
+        assert seen_threads == {1} and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(caller)
     stamp = (d / "model.safetensors").stat().st_mtime_ns
