@@ -122,7 +122,8 @@ def _config(args: argparse.Namespace, seed: int, learn: float):
     return BenchConfig(allocators=["grpo"], steps=args.steps, prompts=args.prompts, trajectories=args.trajectories,
                        tasks=args.tasks, seed=seed, learn=learn, difficulty=args.difficulty,
                        shared_lr=args.shared_lr if learn > 0 else 0.1,
-                       normalize=not args.sgd, eval_prompts=args.eval_prompts)
+                       normalize=not args.sgd, prefix_weight=args.prefix_weight if learn > 0 else 0.0,
+                       eval_prompts=args.eval_prompts)
 
 
 _WORLDS: dict[int, Any] = {}
@@ -332,7 +333,7 @@ def render(out: dict[str, Any], against: str | None = None) -> list[str]:
         advs = tuple(x for x in a["advantages"].split(",") if x)
         g = summary["grpo"]
         md += [f"### Learning (ContrastLab learning mode, {'plain SGD' if a['sgd'] else 'scale-free steps'}, lr {a['lr']}, "
-               f"shared lr {a['shared_lr']}, difficulty {a['difficulty']}, M = {a['trajectories']}, "
+               f"shared lr {a['shared_lr']}, prefix weight {a.get('prefix_weight', 0.0)}, difficulty {a['difficulty']}, M = {a['trajectories']}, "
                f"{a['steps']} steps, seeds {a['seeds']}; held-out accuracy {g['initial_test_success']:.3f} at the start, "
                f"grpo ends at {statistics.fmean(g['final_test_success']):.3f}; ranked by the tokens needed to reach grpo's "
                "final held-out accuracy, as a multiple of grpo's; mean ± 95% interval)", ""]
@@ -362,6 +363,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=0.3, help="learning part: the simulated policy's per-task rate")
     ap.add_argument("--shared-lr", type=float, default=3.0, help="learning part: its shared-skill rate")
     ap.add_argument("--sgd", action="store_true", help="learning part: plain SGD steps (default: scale-free steps of RMS lr)")
+    ap.add_argument("--prefix-weight", type=float, default=0.0,
+                    help="learning part: count a turn shared by n trajectories n**W times (the trainer's loss.prefix_weight)")
     ap.add_argument("--no-grid", action="store_true", help="run the baselines only (no grid cells)")
     ap.add_argument("--rows", default="", help="only rows whose label contains one of these comma-separated strings")
     ap.add_argument("--baselines", default=",".join(BASELINES),

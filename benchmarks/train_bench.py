@@ -342,14 +342,14 @@ def main() -> int:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from trace_gym.leaderboard.runner import package_versions
+    from trace_gym.leaderboard.runner import cpu_info, package_versions
 
-    # a real model's warm start depends on the install (README, "Training on the quick preset"): say which
-    versions = package_versions()
+    # a real model's warm start depends on the install and the CPU (README, "Training on the quick preset"): say which
+    versions, cpu = package_versions(), cpu_info()
     summary: dict[str, Any] = {"seeds": args.seeds, "workers": args.workers, "threads": args.threads, "set": args.set, "cpus": os.cpu_count(),
-                               "versions": versions}
+                               "versions": versions, "cpu": cpu}
     lines = [f"# train_bench ({len(args.seeds)} seeds, {args.workers} workers x {args.threads} thread(s), {os.cpu_count()} CPUs)", "",
-             "installed: " + versions_text(versions), ""]
+             "installed: " + versions_text(versions), "cpu: " + ", ".join(cpu.values()), ""]
     t0 = time.perf_counter()
     if args.only in (None, "contrastlab"):
         summary["contrastlab"], more = contrastlab(args, out)

@@ -438,3 +438,52 @@ def step(f: Plain, v_roots: list[float], root_budget: int, pred: list[float], pr
     nodes = [i for i in range(n) if parent[i] >= 0 and not flags[i] & 1]
     k = solve_prefixes([pred[i] for i in nodes], [value[i] for i in nodes], prefix_budget)
     return value, ratio, adv, counts, nodes, k
+
+
+# ----------------------------------------------------------------------------- trees as duplicated trajectories
+
+
+def leaf_advantages(forest: Forest, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(per-trajectory leaf advantage, per-node mean over the finished leaves below)``: a
+    leaf-level estimator's shape (grpo, tree_grpo), with random leaf values."""
+    forest.backup()
+    rng = np.random.default_rng(seed)
+    leaf_adv = rng.normal(size=forest.n_trajectories)
+    total, count = np.zeros(len(forest)), np.zeros(len(forest))
+    finished = set(np.flatnonzero(forest.finished()).tolist())
+    for t in range(forest.n_trajectories):
+        leaf = int(forest.traj_leaf[t])
+        if leaf in finished:
+            for n in forest.path(leaf):
+                total[n] += leaf_adv[t]
+                count[n] += 1
+    assert np.array_equal(count[forest.parent >= 0], forest.n_leaves[forest.parent >= 0])
+    adv = np.where(count > 0, total / np.maximum(count, 1), 0.0)
+    adv[forest.root_nodes] = 0.0
+    return leaf_adv, adv
+
+
+def unrolled(forest: Forest, leaf_adv: np.ndarray) -> tuple[Forest, np.ndarray]:
+    """The same trajectories with no shared node: each one repeats its whole root-to-leaf path
+    (what a trainer that duplicates a branch's prefix trains), every node carrying its
+    trajectory's leaf advantage (0 where the trajectory did not finish)."""
+    from trace_gym.forest.forest import TERMINAL, TRUNCATED
+
+    finished = forest.finished()
+    out = Forest()
+    roots = [out.add_root(forest.task_ids[t], forest.prompts[t], max_turns=forest.max_turns[t], payload=forest.payload[int(r)])
+             for t, r in enumerate(forest.root_nodes)]
+    adv = [0.0] * len(roots)
+    for t in range(forest.n_trajectories):
+        leaf = int(forest.traj_leaf[t])
+        path = forest.path(leaf)
+        if not path:
+            continue
+        u = out.start_trajectory(roots[int(forest.tree[leaf])])
+        a = float(leaf_adv[t]) if finished[leaf] else 0.0
+        for n in path:
+            flags = int(forest.flags[n])
+            out.add_node(u, text=forest.text[n], n_tokens=int(forest.n_tokens[n]), terminal=bool(flags & TERMINAL),
+                         truncated=bool(flags & TRUNCATED), reward=float(forest.reward[n]), payload=forest.payload[n])
+            adv.append(a)
+    return out, np.asarray(adv)

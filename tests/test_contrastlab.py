@@ -412,3 +412,33 @@ def test_normalised_learning_steps_ignore_the_advantages_scale_and_charge_for_wa
     per_task = np.zeros(world.skill.size)
     np.add.at(per_task, task[nz], g)
     assert np.allclose(skills[True, 1.0][0] - world.skill, 0.5 * per_task)
+
+
+def test_prefix_weight_one_steps_as_if_every_trajectory_repeated_its_prefix():
+    """``prefix_weight=1`` counts a turn shared by n trajectories n times: on a branched forest
+    the plain step equals the step on the same trajectories with their prefixes repeated
+    (each turn carrying its trajectory's leaf advantage); the scale-free step points the same
+    way (its RMS is over the weighted turns, a different scalar)."""
+    import forest_reference as ref
+
+    world = ContrastLabWorld(16, n_test=4, seed=2)
+    sim = ContrastLabSim(world, seed=2)
+    forest = Forest()
+    add_candidates(forest, world.candidates(np.arange(16)))
+    sim.rollout(forest, np.repeat(forest.root_nodes.astype(np.int64), 2))
+    sim.rollout(forest, forest.branchable()[::2].astype(np.int64))
+    assert forest.n_trajectories > 32
+    leaf_adv, adv = ref.leaf_advantages(forest, 2)
+    flat, flat_adv = ref.unrolled(forest, leaf_adv)
+    steps = {}
+    for normalize in (False, True):
+        for name, f, a, pw in (("weighted", forest, adv, 1.0), ("repeated", flat, flat_adv, 0.0), ("once", forest, adv, 0.0)):
+            w = world.copy()
+            w.reinforce(f, a, lr=0.5, shared_lr=0.5, normalize=normalize, prefix_weight=pw)
+            steps[normalize, name] = np.append(w.skill - world.skill, w.shared_skill - world.shared_skill)
+    assert np.allclose(steps[False, "weighted"], steps[False, "repeated"], rtol=1e-9, atol=1e-12)
+    cos = steps[True, "weighted"] @ steps[True, "repeated"] / np.linalg.norm(steps[True, "weighted"]) / np.linalg.norm(steps[True, "repeated"])
+    assert cos == pytest.approx(1.0, abs=1e-9)
+    assert not np.allclose(steps[False, "once"], steps[False, "repeated"], rtol=1e-3)
+    with pytest.raises(ValueError, match="prefix_weight"):
+        world.copy().reinforce(forest, adv, prefix_weight=1.5)

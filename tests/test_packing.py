@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 import torch
 
+import forest_reference as ref
+
 from trace_gym.forest.forest import Forest
 from trace_gym.rollout.engine import RootRecord, TurnRecord, prefix_ids, sequence
 from trace_gym.trainers.batching import check_attention, path_mask, token_batch, tree_units, trajectory_units
@@ -30,7 +32,8 @@ TINY = {"envs": ["trace_gym/ContrastLab-v0"], "hidden_size": 64, "num_layers": 2
         "intermediate_size": 128, "corpus_tasks": 100, "vocab_size": 400}
 
 
-def build_forest(seed: int, vocab: int, trees: int = 3, roots: int = 2, branches: int = 3, scale: int = 1) -> tuple[Forest, np.ndarray]:
+def build_forest(seed: int, vocab: int, trees: int = 3, roots: int = 2, branches: int = 3, scale: int = 1,
+                 context_leaf: bool = True) -> tuple[Forest, np.ndarray]:
     """A forest shaped like the engine's (see the module docstring) and per-node advantages."""
     rng = np.random.default_rng(seed)
     f = Forest()
@@ -55,10 +58,10 @@ def build_forest(seed: int, vocab: int, trees: int = 3, roots: int = 2, branches
             inner = [int(n) for n in f.branchable() if f.tree[n] == i]
             if inner:
                 run(f.start_trajectory(int(rng.choice(inner))), int(rng.integers(1, 3)))
-    # a branch that hit the context limit: an empty truncated leaf under an inner node
-    inner = [int(n) for n in f.branchable()]
-    t = f.start_trajectory(inner[0])
-    f.add_node(t, truncated=True, reward=0.0, payload=TurnRecord([], [], [], 0, len(prefix_ids(f, inner[0])), "", "", "", "context", None, t))
+    if context_leaf:  # a branch that hit the context limit: an empty truncated leaf under an inner node
+        inner = [int(n) for n in f.branchable()]
+        t = f.start_trajectory(inner[0])
+        f.add_node(t, truncated=True, reward=0.0, payload=TurnRecord([], [], [], 0, len(prefix_ids(f, inner[0])), "", "", "", "context", None, t))
     adv = rng.normal(size=len(f)).astype(np.float32)
     adv[f.root_nodes] = 0.0
     adv[f.traj == 1] = 0.0  # trajectory 1 has no signal: counted, not trained
@@ -221,3 +224,52 @@ def test_tree_packing_equals_per_trajectory_loss_and_gradients_smollm2(tmp_path)
     tree = _loss_and_grads(trainer, forest, adv, "tree")
     flat = _loss_and_grads(trainer, forest, adv, "trajectory")
     _assert_equal_updates(tree, flat, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- prefix weight
+
+
+def test_prefix_weight_one_trains_a_tree_as_its_trajectories_duplicated(tiny_trainer):
+    """With ``loss.prefix_weight=1`` a shared prefix carries the sum of its trajectories'
+    leaf advantages: the loss and gradient equal those of every trajectory trained as its own
+    sequence (its prefix repeated), under the token-mean normaliser of the repeated tokens."""
+    trainer = tiny_trainer
+    forest, _ = build_forest(4, len(trainer.tokenizer), trees=3, roots=2, branches=4, scale=3)
+    assert forest.n_trajectories > forest.n_trees * 2  # branches share prefixes
+    leaf_adv, adv = ref.leaf_advantages(forest, 4)
+    flat_forest, flat_adv = ref.unrolled(forest, leaf_adv)
+    assert len(flat_forest) > len(forest)
+    trainer.cfg.loss.prefix_weight = 1.0
+    try:
+        weighted = _loss_and_grads(trainer, forest, adv, "tree")
+        trainer.cfg.loss.prefix_weight = 0.0
+        dup = _loss_and_grads(trainer, flat_forest, flat_adv, "tree")
+        once = _loss_and_grads(trainer, forest, adv, "tree")
+    finally:
+        trainer.cfg.loss.prefix_weight = 0.0
+    (sw, gw), (sd, gd), (so, go) = weighted, dup, once
+    assert sw["update/policy_tokens"] < sd["update/policy_tokens"]  # the statistics still count tokens once
+    assert sw["update/loss"] == pytest.approx(sd["update/loss"], rel=1e-5)
+    flat_w, flat_d, flat_o = (torch.cat([g[n].flatten() for n in gd]) for g in (gw, gd, go))
+    assert float((flat_w - flat_d).norm()) <= 1e-5 * float(flat_d.norm())
+    assert float((flat_o - flat_d).norm()) > 1e-2 * float(flat_d.norm())  # weight 0 is a different update
+
+
+def test_prefix_weight_leaves_an_unbranched_forest_alone_and_needs_token_mean():
+    from trace_gym.trainers.batching import node_weights
+    from trace_gym.trainers.config import LossSection
+
+    forest, adv = build_forest(5, 500, trees=3, roots=3, branches=0, context_leaf=False)
+    a, b = tree_units(forest, adv, prefix_weight=0.0), tree_units(forest, adv, prefix_weight=1.0)
+    assert a.weighted_tokens == b.weighted_tokens == a.policy_tokens
+    assert all(np.array_equal(u.weight, np.ones(u.loss_tokens, np.float32)) for u in b.units)
+    branched, adv = build_forest(5, 500, trees=3, roots=3, branches=4)
+    half = tree_units(branched, adv, prefix_weight=0.5)
+    w = node_weights(branched, 0.5)
+    assert half.weighted_tokens == pytest.approx(sum(w[n] * np.count_nonzero(branched.payload[n].mask)
+                                                     for n in range(len(branched)) if branched.parent[n] >= 0))
+    assert half.weighted_tokens > half.policy_tokens
+    with pytest.raises(ValueError, match="prefix_weight must be in"):
+        node_weights(branched, 2.0)
+    with pytest.raises(ValueError, match="token-mean"):
+        LossSection(prefix_weight=0.5, aggregation="seq-mean-token-mean")

@@ -29,6 +29,15 @@ exactly the classic next-token layout.
 Trajectories are counted and skipped the same way in both packings: one with no policy
 token is left out; with ``skip_zero_advantage`` one whose policy tokens all have advantage 0
 is counted (policy tokens, sequences) but not trained.
+
+Prefix weight. A node shared by n trajectories (n the finished leaves below it) is one loss
+token per policy token, carrying the mean of its trajectories' advantages. Trained as n
+separate sequences (how GRPO trainers that duplicate a branch's prefix train a tree) it would
+carry their sum instead: n times the weight. ``prefix_weight`` = alpha weights each policy
+token's loss by ``n ** alpha`` and the token-mean normaliser by the same (``weighted_tokens``):
+0 trains each token once (the default), 1 gives exactly the gradient of the duplicated
+sequences, 0.5 is TreeRL's ``1 / sqrt(|L(s)|)`` on duplicated sequences. Nodes on an
+unbranched path have n = 1, so a forest without branches is trained the same under any alpha.
 """
 
 from __future__ import annotations
@@ -58,7 +67,8 @@ class LossUnit:
     are None for a plain causal sequence. Per loss token (``[K]``): ``src``, the row position
     whose output predicts it; ``target``, its id; ``group``/``col``, its place in the loss
     layout (``n_groups`` rows of ``width`` columns, one row per trajectory); ``adv``, its
-    node's advantage; ``behaviour``, the rollout engine's log-prob. ``trajs`` are the forest's
+    node's advantage; ``behaviour``, the rollout engine's log-prob; ``weight``, its loss weight
+    (the module docstring's prefix weight; None: all 1). ``trajs`` are the forest's
     trajectory ids of the groups.
     """
 
@@ -75,6 +85,7 @@ class LossUnit:
     n_groups: int
     width: int
     trajs: tuple[int, ...]
+    weight: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
@@ -88,11 +99,17 @@ class LossUnit:
 class TokenBatch:
     """What a forest gives the loss: ``units``; ``policy_tokens`` and ``sequences``, the
     token-mean and per-sequence normalisers (skipped zero-advantage trajectories included);
-    ``forward_tokens``, the tokens the units run forward (no padding)."""
+    ``forward_tokens``, the tokens the units run forward (no padding); ``weighted_tokens``,
+    the token-mean normaliser under the prefix weight (``policy_tokens`` when it is 0)."""
 
     units: list[LossUnit]
     policy_tokens: int
     sequences: int
+    weighted_tokens: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.weighted_tokens is None:
+            self.weighted_tokens = float(self.policy_tokens)
 
     @property
     def forward_tokens(self) -> int:
@@ -114,12 +131,25 @@ def _span(forest: Forest, node: int) -> tuple[list[int], list[int], list[float]]
     return list(p.token_ids), list(p.mask), list(p.logprobs)
 
 
-def _trained_trajectories(forest: Forest, adv: np.ndarray, skip_zero_advantage: bool) -> tuple[list[tuple[int, list[int]]], int, int]:
-    """``([(trajectory, its path from the root's child to its leaf)], policy tokens, sequences)``
-    of the trajectories to train, in the forest's trajectory order (see the module docstring
-    for what is counted and skipped)."""
+def node_weights(forest: Forest, prefix_weight: float) -> np.ndarray | None:
+    """Each node's loss weight ``max(n, 1) ** prefix_weight`` (n: finished leaves below it; see
+    the module docstring), or None when ``prefix_weight`` is 0 (every weight 1)."""
+    if not 0.0 <= prefix_weight <= 1.0:
+        raise ValueError(f"prefix_weight must be in [0, 1], got {prefix_weight}")
+    if prefix_weight == 0.0:
+        return None
+    forest.ensure_backed_up()
+    return np.maximum(np.asarray(forest.n_leaves, dtype=np.float64), 1.0) ** prefix_weight
+
+
+def _trained_trajectories(forest: Forest, adv: np.ndarray, skip_zero_advantage: bool,
+                          weights: np.ndarray | None = None) -> tuple[list[tuple[int, list[int]]], int, int, float]:
+    """``([(trajectory, its path from the root's child to its leaf)], policy tokens, sequences,
+    weighted policy tokens)`` of the trajectories to train, in the forest's trajectory order
+    (see the module docstring for what is counted and skipped)."""
     out: list[tuple[int, list[int]]] = []
     n_tokens = n_seqs = 0
+    n_weighted = 0.0
     traj = forest.traj
     for t in range(forest.n_trajectories):
         leaf, origin = int(forest.traj_leaf[t]), int(forest.traj_origin[t])
@@ -132,18 +162,21 @@ def _trained_trajectories(forest: Forest, adv: np.ndarray, skip_zero_advantage: 
         if k == 0:
             continue
         n_tokens += k
+        n_weighted += k if weights is None else float(sum(c * weights[n] for n, c in zip(own, counts)))
         n_seqs += 1
         if skip_zero_advantage and not any(adv[n] != 0 for n, c in zip(own, counts) if c):
             continue
         out.append((t, path))
-    return out, n_tokens, n_seqs
+    return out, n_tokens, n_seqs, n_weighted
 
 
-def trajectory_units(forest: Forest, adv: np.ndarray, *, skip_zero_advantage: bool = True) -> TokenBatch:
+def trajectory_units(forest: Forest, adv: np.ndarray, *, skip_zero_advantage: bool = True,
+                     prefix_weight: float = 0.0) -> TokenBatch:
     """One causal :class:`LossUnit` per trained trajectory (``trajectory`` packing)."""
     from trace_gym.rollout.engine import sequence
 
-    chosen, n_tokens, n_seqs = _trained_trajectories(forest, adv, skip_zero_advantage)
+    weights = node_weights(forest, prefix_weight)
+    chosen, n_tokens, n_seqs, n_weighted = _trained_trajectories(forest, adv, skip_zero_advantage, weights)
     units = []
     for t, path in chosen:
         seq = sequence(forest, path[-1])
@@ -155,14 +188,17 @@ def trajectory_units(forest: Forest, adv: np.ndarray, *, skip_zero_advantage: bo
             ids=seq.ids.astype(np.int64), positions=np.arange(n, dtype=np.int64), segment=None, ancestors=None,
             src=(pos - 1).astype(np.int64), target=seq.ids[pos].astype(np.int64), group=np.zeros(len(pos), dtype=np.int32),
             col=(pos - 1).astype(np.int32), adv=adv[seq.node[pos]].astype(np.float32), behaviour=seq.logprobs[pos].astype(np.float32),
-            n_groups=1, width=n - 1, trajs=(t,)))
-    return TokenBatch(units, n_tokens, n_seqs)
+            n_groups=1, width=n - 1, trajs=(t,),
+            weight=None if weights is None else weights[seq.node[pos]].astype(np.float32)))
+    return TokenBatch(units, n_tokens, n_seqs, n_weighted)
 
 
-def tree_units(forest: Forest, adv: np.ndarray, *, skip_zero_advantage: bool = True, max_tokens: int = 2048) -> TokenBatch:
+def tree_units(forest: Forest, adv: np.ndarray, *, skip_zero_advantage: bool = True, max_tokens: int = 2048,
+               prefix_weight: float = 0.0) -> TokenBatch:
     """Packed :class:`LossUnit` rows holding each tree's tokens once (``tree`` packing; see the
     module docstring). A row exceeds ``max_tokens`` only when one trajectory alone does."""
-    chosen, n_tokens, n_seqs = _trained_trajectories(forest, adv, skip_zero_advantage)
+    weights = node_weights(forest, prefix_weight)
+    chosen, n_tokens, n_seqs, n_weighted = _trained_trajectories(forest, adv, skip_zero_advantage, weights)
     roots = forest.root_nodes
     tree = forest.tree
     lengths: dict[int, int] = {}
@@ -193,11 +229,11 @@ def tree_units(forest: Forest, adv: np.ndarray, *, skip_zero_advantage: bool = T
     if placed:
         rows.append((nodes, placed))
     for row_nodes, row_trajs in rows:
-        units.append(_pack_row(forest, adv, sorted(row_nodes, key=lambda n: (int(tree[n]), n)), row_trajs))
-    return TokenBatch(units, n_tokens, n_seqs)
+        units.append(_pack_row(forest, adv, sorted(row_nodes, key=lambda n: (int(tree[n]), n)), row_trajs, weights))
+    return TokenBatch(units, n_tokens, n_seqs, n_weighted)
 
 
-def _pack_row(forest: Forest, adv: np.ndarray, nodes: list[int], trajs: list[int]) -> LossUnit:
+def _pack_row(forest: Forest, adv: np.ndarray, nodes: list[int], trajs: list[int], weights: np.ndarray | None = None) -> LossUnit:
     """One packed row of ``nodes`` (every ancestor of a node precedes it) whose loss tokens
     are the policy tokens of the nodes that trajectories ``trajs`` generated."""
     parent, traj = forest.parent, forest.traj
@@ -211,7 +247,7 @@ def _pack_row(forest: Forest, adv: np.ndarray, nodes: list[int], trajs: list[int
     start_pos = np.zeros(S, dtype=np.int64)  # position id of each span's first token
     span_len = np.zeros(S, dtype=np.int64)
     last = np.full(S, -1, dtype=np.int64)  # row index of the last token on the path through each node
-    src, target, group, col, a, beh = [], [], [], [], [], []
+    src, target, group, col, a, beh, wt = [], [], [], [], [], [], []
     cols = [0] * len(trajs)
     for s, n in enumerate(nodes):
         span, mask, lps = _span(forest, n)
@@ -246,21 +282,24 @@ def _pack_row(forest: Forest, adv: np.ndarray, nodes: list[int], trajs: list[int
             cols[g] += 1
             a.append(adv[n])
             beh.append(lps[k])
+            wt.append(1.0 if weights is None else weights[n])
     return LossUnit(
         ids=np.asarray(ids, dtype=np.int64), positions=np.concatenate(positions) if positions else np.zeros(0, np.int64),
         segment=np.concatenate(segment) if segment else np.zeros(0, np.int32), ancestors=ancestors,
         src=np.asarray(src, dtype=np.int64), target=np.asarray(target, dtype=np.int64), group=np.asarray(group, dtype=np.int32),
         col=np.asarray(col, dtype=np.int32), adv=np.asarray(a, dtype=np.float32), behaviour=np.asarray(beh, dtype=np.float32),
-        n_groups=len(trajs), width=max(cols) if cols else 0, trajs=tuple(trajs))
+        n_groups=len(trajs), width=max(cols) if cols else 0, trajs=tuple(trajs),
+        weight=None if weights is None else np.asarray(wt, dtype=np.float32))
 
 
 def token_batch(forest: Forest, adv: np.ndarray, packing: Packing = "tree", *, skip_zero_advantage: bool = True,
-                max_tokens: int = 2048) -> TokenBatch:
-    """The forest's :class:`TokenBatch` under ``packing`` (``tree`` or ``trajectory``)."""
+                max_tokens: int = 2048, prefix_weight: float = 0.0) -> TokenBatch:
+    """The forest's :class:`TokenBatch` under ``packing`` (``tree`` or ``trajectory``) and the
+    module docstring's ``prefix_weight``."""
     if packing == "tree":
-        return tree_units(forest, adv, skip_zero_advantage=skip_zero_advantage, max_tokens=max_tokens)
+        return tree_units(forest, adv, skip_zero_advantage=skip_zero_advantage, max_tokens=max_tokens, prefix_weight=prefix_weight)
     if packing == "trajectory":
-        return trajectory_units(forest, adv, skip_zero_advantage=skip_zero_advantage)
+        return trajectory_units(forest, adv, skip_zero_advantage=skip_zero_advantage, prefix_weight=prefix_weight)
     raise ValueError(f"unknown packing {packing!r} (known: tree, trajectory)")
 
 
@@ -337,7 +376,8 @@ def collate(units: Sequence[LossUnit], pad_id: int, *, impl: str = "sdpa", dtype
     and then ``positions`` ``[R, W]``. Gather: ``rows``/``cols`` (the row positions whose
     outputs predict the loss tokens) and ``targets`` ``[K]``, with ``slot_rows``/``slot_cols``
     their places in the loss layout. Loss layout ``[G, L]`` (G the units' groups, L their
-    widest group): ``mask`` (1 on loss tokens), ``adv``, ``behaviour``.
+    widest group): ``mask`` (1 on loss tokens), ``adv``, ``behaviour``, and ``weight`` (the
+    loss tokens' weights, 1 where a unit has none; 0 off the loss tokens).
     """
     R, W = len(units), max(len(u) for u in units)
     G, L = sum(u.n_groups for u in units), max(max(u.width for u in units), 1)
@@ -346,7 +386,7 @@ def collate(units: Sequence[LossUnit], pad_id: int, *, impl: str = "sdpa", dtype
     positions = torch.zeros((R, W), dtype=torch.long)
     pad2d = torch.zeros((R, W), dtype=torch.long)
     allowed = torch.zeros((R, 1, W, W), dtype=torch.bool) if packed else None
-    mask, adv, behaviour = torch.zeros((G, L)), torch.zeros((G, L)), torch.zeros((G, L))
+    mask, adv, behaviour, weight = torch.zeros((G, L)), torch.zeros((G, L)), torch.zeros((G, L)), torch.zeros((G, L))
     rows, cols, targets, slot_rows, slot_cols = [], [], [], [], []
     g0 = 0
     for r, u in enumerate(units):
@@ -361,6 +401,7 @@ def collate(units: Sequence[LossUnit], pad_id: int, *, impl: str = "sdpa", dtype
         mask[sr, sc] = 1.0
         adv[sr, sc] = torch.from_numpy(u.adv)
         behaviour[sr, sc] = torch.from_numpy(u.behaviour)
+        weight[sr, sc] = 1.0 if u.weight is None else torch.from_numpy(u.weight)
         rows.append(torch.full((u.loss_tokens,), r, dtype=torch.long))
         cols.append(torch.from_numpy(u.src))
         targets.append(torch.from_numpy(u.target))
@@ -368,7 +409,8 @@ def collate(units: Sequence[LossUnit], pad_id: int, *, impl: str = "sdpa", dtype
         slot_cols.append(sc)
         g0 += u.n_groups
     out = {"ids": ids, "rows": torch.cat(rows), "cols": torch.cat(cols), "targets": torch.cat(targets),
-           "slot_rows": torch.cat(slot_rows), "slot_cols": torch.cat(slot_cols), "mask": mask, "adv": adv, "behaviour": behaviour}
+           "slot_rows": torch.cat(slot_rows), "slot_cols": torch.cat(slot_cols), "mask": mask, "adv": adv, "behaviour": behaviour,
+           "weight": weight}
     if allowed is not None:
         out["attn"] = attention_mask(allowed, impl, dtype)
         out["positions"] = positions
@@ -378,4 +420,4 @@ def collate(units: Sequence[LossUnit], pad_id: int, *, impl: str = "sdpa", dtype
 
 
 __all__ = ["LossUnit", "MASK_ATTENTION", "Packing", "TokenBatch", "attention_mask", "check_attention", "collate", "micro_batches",
-           "path_mask", "token_batch", "trajectory_units", "tree_units"]
+           "node_weights", "path_mask", "token_batch", "trajectory_units", "tree_units"]

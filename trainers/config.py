@@ -99,7 +99,15 @@ class LossSection(_Section):
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass (the batch is split into this many).")
     skip_zero_advantage: bool = Field(True, description="Leave trajectories whose policy tokens all have advantage 0 out of the forward pass (they add nothing to the loss when kl_coef is 0; they still count in the token-mean denominator).")
     packing: Literal["tree", "trajectory"] = Field("tree", description="How the loss forward reaches the policy tokens: 'tree' packs each tree's tokens once (shared prefixes once) with an attention mask and position ids under which every token sees exactly its own root-to-node path (needs sdpa or eager attention); 'trajectory' runs one sequence per trajectory (shared prefixes once per branch). Both give the same loss and gradients up to float rounding.")
+    prefix_weight: float = Field(0.0, ge=0, le=1, description="Weight n ** prefix_weight on the loss of each policy token whose node n finished trajectories share (trainers/batching.py): 0 trains a shared prefix once with its trajectories' mean advantage; 1 gives it their sum, the gradient of training every trajectory as its own sequence; 0.5 is TreeRL's 1/sqrt(|L(s)|). Only trees with branches are affected; needs aggregation 'token-mean'.")
     pack_tokens: int = Field(2048, ge=64, description="Longest packed row of 'tree' packing: trajectories are added to a row (with the ancestors it lacks) up to this many tokens; a larger tree is split into rows that each repeat the ancestors they need. A row's attention is dense over all its tokens.")
+
+    @model_validator(mode="after")
+    def _check_prefix_weight(self) -> "LossSection":
+        if self.prefix_weight > 0 and self.aggregation != "token-mean":
+            raise ValueError(f"loss.prefix_weight weights tokens within the token-mean normaliser; with aggregation "
+                             f"{self.aggregation!r} set prefix_weight: 0")
+        return self
 
 
 class OptimSection(_Section):

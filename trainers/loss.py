@@ -134,6 +134,7 @@ def policy_loss(
     kl_coef: float = 0.0,
     behaviour_logp: torch.Tensor | None = None,
     is_cap: float = 2.0,
+    weights: torch.Tensor | None = None,
 ) -> LossOutput:
     """PPO-clip loss with clip-higher on policy tokens only.
 
@@ -150,6 +151,9 @@ def policy_loss(
         behaviour_logp: the rollout engine's log-probs, when it is not the trainer itself;
             enables the truncated importance weight against ``old_logp``.
         is_cap: the truncation of that weight.
+        weights: per-token weights of the whole per-token loss (policy term, KL and IS
+            weight alike; trainers/batching.py's prefix weight), 1 when None. The statistics
+            stay token counts; a weighted token-mean needs the weighted normaliser.
     """
     if aggregation not in AGGREGATIONS:
         raise KeyError(f"unknown loss aggregation {aggregation!r} (known: {', '.join(sorted(AGGREGATIONS))})")
@@ -176,6 +180,8 @@ def policy_loss(
         per_token = per_token + kl_coef * kl
         kl_sum = float(kl.sum().detach())
     per_token = per_token * mask
+    if weights is not None:
+        per_token = per_token * torch.where(on, weights.detach().to(logp.dtype), torch.zeros_like(safe))
     norm = batch_normaliser(mask, aggregation) if normaliser is None else normaliser
     loss = AGGREGATIONS[aggregation](per_token, mask, norm)
     with torch.no_grad():

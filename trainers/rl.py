@@ -190,7 +190,8 @@ class RLTrainer:
                                        workers=cfg.rollout.workers, worker_options={"num_cpus": r.actor_cpus})
         update = None
         if cfg.update_policy:
-            update = SimLearning(self.policy.world, cfg.model.sim_lr, cfg.model.sim_shared_lr) if self.sim else self._update
+            update = (SimLearning(self.policy.world, cfg.model.sim_lr, cfg.model.sim_shared_lr, prefix_weight=cfg.loss.prefix_weight)
+                      if self.sim else self._update)
         self.async_step: AsyncStep | None = None
         self._async_state: dict[str, Any] | None = None  # what a checkpoint holds of the generator's side (async)
         if r.mode == "async" and update is not None:
@@ -393,7 +394,7 @@ class RLTrainer:
 
         L = self.cfg.loss
         return token_batch(forest, adv, L.packing, skip_zero_advantage=L.skip_zero_advantage and L.kl_coef == 0,
-                           max_tokens=L.pack_tokens)
+                           max_tokens=L.pack_tokens, prefix_weight=L.prefix_weight)
 
     def _micro_batches(self, units: list[Any]) -> list[list[int]]:
         """Indices of ``units`` per micro-batch (at most ``optim.micro_batch_tokens`` padded tokens)."""
@@ -468,8 +469,8 @@ class RLTrainer:
             self._check_behaviour(units)
         temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
         token_mean = L.aggregation == "token-mean"
-        norm_all = float(batch.policy_tokens) if token_mean else float(batch.sequences)
-        weight = [float(u.loss_tokens if token_mean else u.n_groups) for u in units]
+        norm_all = float(batch.weighted_tokens) if token_mean else float(batch.sequences)
+        weight = [float((u.loss_tokens if u.weight is None else u.weight.sum()) if token_mean else u.n_groups) for u in units]
         # old log-probs: on-policy with a single update they equal the current ones (detached)
         old_cache: dict[int, torch.Tensor] = {}
         multi = L.ppo_epochs * L.mini_batches > 1
@@ -515,7 +516,8 @@ class RLTrainer:
                         behaviour = t["behaviour"]
                         out = policy_loss(logp, old, t["adv"], m, eps_low=L.eps_low, eps_high=L.eps_high,
                                           aggregation=L.aggregation, normaliser=norm, ref_logp=ref, kl_coef=L.kl_coef,
-                                          behaviour_logp=behaviour if L.is_correction else None, is_cap=L.is_cap)
+                                          behaviour_logp=behaviour if L.is_correction else None, is_cap=L.is_cap,
+                                          weights=t["weight"] if L.prefix_weight > 0 else None)
                         out.loss.backward()
                         acc["loss"] += float(out.loss.detach())
                         if epoch == 0:

@@ -64,6 +64,35 @@ def package_versions() -> dict[str, str]:
     return out
 
 
+def cpu_info() -> dict[str, str]:
+    """The host CPU as far as it decides float results: its model name and family / model /
+    stepping (from ``/proc/cpuinfo`` where there is one, else ``platform``) and the vector ISA
+    torch dispatches to. Math libraries pick their kernels and blockings by CPU, so a long
+    float computation (an SFT warm start) can come out differently on another CPU."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, sep, value = line.partition(":")
+                if not sep:
+                    if fields:
+                        break  # the first processor's block is enough
+                    continue
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    out = {"cpu": fields.get("model name") or platform.processor() or platform.machine()}
+    if "cpu family" in fields:
+        out["cpu_id"] = f"family {fields['cpu family']} model {fields.get('model', '?')} stepping {fields.get('stepping', '?')}"
+    try:
+        import torch
+
+        out["torch_cpu_capability"] = str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # torch absent or too old: the rest still identifies the host
+        pass
+    return out
+
+
 def git_commit() -> str:
     """The commit of the trace-gym checkout (``+dirty`` with local changes), else ``unknown``."""
     repo = Path(__file__).resolve().parents[2]
@@ -573,7 +602,7 @@ __all__ = [
     "ALLOCATION_FINAL", "EARLIER_FILE", "OWN_NODE_CALIBRATION", "RolloutSource", "SHARED_CALIBRATION", "SuiteRecords",
     "allocation_step", "calibration_metrics", "failed_share", "move_aside", "register_shared_evaluation", "shared_calibration",
     "read_record_file", "sort_records", "row_spec", "step_record", "RunPlan", "RunResult", "TRAINING_FINAL", "eval_steps",
-    "git_commit", "mean_metrics", "preflight", "make_source", "package_versions", "plan_suite",
+    "cpu_info", "git_commit", "mean_metrics", "preflight", "make_source", "package_versions", "plan_suite",
     "register_source", "register_training_runner", "resolve_advantage", "resolve_predictor", "row_config", "run_allocation", "run_suite", "run_training",
 
 ]

@@ -67,7 +67,8 @@ class BenchConfig:
     :class:`~trace_gym.run.BudgetSpec`); ``tasks`` the train tasks of the world (a quarter as
     many held-out ones); ``world`` other :class:`~trace_gym.sim.world.ContrastLabWorld`
     settings; ``predictor``/``advantage`` None: each allocator's own; ``learn``,
-    ``shared_lr``, ``normalize``: the learning mode's step (``learn = 0``: a frozen policy);
+    ``shared_lr``, ``normalize``, ``prefix_weight``: the learning mode's step (``learn = 0``:
+    a frozen policy; :class:`~trace_gym.sim.learning.SimLearning`);
     ``eval_prompts``/``eval_rollouts``: the size of the one evaluation set."""
 
     allocators: list[str] = field(default_factory=lambda: DEFAULT_ALLOCATORS.split(","))
@@ -85,6 +86,7 @@ class BenchConfig:
     learn: float = 0.0
     shared_lr: float = 0.1
     normalize: bool = True
+    prefix_weight: float = 0.0
     world: dict[str, Any] = field(default_factory=dict)
     eval_prompts: int = 512
     eval_rollouts: int = 4
@@ -158,7 +160,8 @@ def run_allocator(spec: str, world: ContrastLabWorld, config: BenchConfig,
 
     run = config.run_spec(spec)
     world = world.copy() if config.learn > 0 else world
-    update = SimLearning(world, lr=config.learn, shared_lr=config.shared_lr, normalize=config.normalize) if config.learn > 0 else None
+    update = (SimLearning(world, lr=config.learn, shared_lr=config.shared_lr, normalize=config.normalize,
+                          prefix_weight=config.prefix_weight) if config.learn > 0 else None)
     step = Step.from_spec(run, SimSource(world=world, seed=config.seed), update=update)
     adv_name = str(step.advantage)
     rows: dict[str, list[float]] = {}

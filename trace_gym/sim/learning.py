@@ -21,14 +21,19 @@ class SimLearning:
     skill moves by the mean over every generated turn, as a token-mean loss averages over
     every generated token, so turns without an advantage dilute it. ``normalize=False`` is
     plain SGD, where an estimator with larger advantages simply takes larger steps and the
-    shared step averages over the turns with an advantage only."""
+    shared step averages over the turns with an advantage only. ``prefix_weight`` counts a
+    turn shared by n trajectories ``n ** prefix_weight`` times, as the trainer's
+    ``loss.prefix_weight`` does a token."""
 
-    def __init__(self, world: ContrastLabWorld, lr: float = 1.0, shared_lr: float = 0.1, normalize: bool = True):
+    def __init__(self, world: ContrastLabWorld, lr: float = 1.0, shared_lr: float = 0.1, normalize: bool = True,
+                 prefix_weight: float = 0.0):
         self.world = world
         self.lr = lr
         self.shared_lr = shared_lr
         self.normalize = normalize
+        self.prefix_weight = prefix_weight
 
     def __call__(self, forest: Forest, advantages: np.ndarray) -> dict[str, Any]:
-        grad = self.world.reinforce(forest, advantages, lr=self.lr, shared_lr=self.shared_lr, normalize=self.normalize)
+        grad = self.world.reinforce(forest, advantages, lr=self.lr, shared_lr=self.shared_lr, normalize=self.normalize,
+                                    prefix_weight=self.prefix_weight)
         return {"update/sim_grad": float(grad)}

@@ -374,7 +374,7 @@ class ContrastLabWorld:
     _OPTION_RE = re.compile(r'"option":\s*"([A-Z])"|<answer>\s*([A-Z])\s*</answer>')
 
     def reinforce(self, forest: Forest, advantages: np.ndarray, lr: float = 1.0, shared_lr: float = 0.1,
-                  normalize: bool = False) -> float:
+                  normalize: bool = False, prefix_weight: float = 0.0) -> float:
         """One REINFORCE step on the skills from a forest's per-node ``advantages``
         (see the module docstring). Nodes are matched to tasks by ``forest.task_ids`` and to
         the option chosen by their text. Returns the mean absolute per-task gradient.
@@ -388,8 +388,15 @@ class ContrastLabWorld:
         batch's advantages), and the shared skill moves by ``shared_lr`` times the mean of
         ``A (c - q)`` over *every* generated turn of the forest (as a token-mean loss averages
         over every generated token: turns without an advantage dilute the step, so wasted
-        samples cost learning). Per-task steps are sums over the task's turns as above."""
+        samples cost learning). Per-task steps are sums over the task's turns as above.
+
+        ``prefix_weight`` = alpha counts each turn ``n ** alpha`` times in every sum, mean and
+        RMS above (n: the finished trajectories through it), as the trainer's
+        ``loss.prefix_weight`` weights a token (trainers/batching.py): 0 counts a shared turn
+        once, 1 once per trajectory through it."""
         adv = np.asarray(advantages, dtype=np.float64)
+        if not 0.0 <= prefix_weight <= 1.0:
+            raise ValueError(f"prefix_weight must be in [0, 1], got {prefix_weight}")
         if adv.shape != (len(forest),):
             raise ValueError(f"advantages must have one value per node ({len(forest)}), got shape {adv.shape}")
         nodes = np.flatnonzero((forest.depth > 0) & (adv != 0) & np.isfinite(adv))
@@ -405,18 +412,24 @@ class ContrastLabWorld:
                 chosen[k] = self.options.find(m.group(1) or m.group(2))
         col = np.minimum(depth, self.max_turns)
         hit = (chosen == self.correct[task, col]).astype(np.float64)
+        if prefix_weight > 0:
+            forest.ensure_backed_up()
+            weight = np.maximum(np.asarray(forest.n_leaves, dtype=np.float64), 1.0) ** prefix_weight
+        else:
+            weight = np.ones(len(forest))
+        w = weight[nodes]
         a = adv[nodes]
         if normalize:
-            a = a / float(np.sqrt(np.mean(a**2)))
-        g = a * (hit - self.q[task, col])
+            a = a / float(np.sqrt(np.sum(w * a**2) / np.sum(w)))
+        g = w * a * (hit - self.q[task, col])
         grad = np.zeros(self.skill.size)
         np.add.at(grad, task, g)
         self.skill += lr * grad
         if normalize:
-            turns = int(np.count_nonzero(forest.depth > 0))
-            self.shared_skill += shared_lr * float(g.sum()) / max(turns, 1)
+            turns = float(weight[forest.depth > 0].sum())
+            self.shared_skill += shared_lr * float(g.sum()) / max(turns, 1.0)
         else:
-            self.shared_skill += shared_lr * float(g.mean())
+            self.shared_skill += shared_lr * float(g.sum() / w.sum())
         self._refresh()
         touched = np.unique(task)
         return float(np.abs(grad[touched]).mean())
