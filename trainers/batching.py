@@ -35,9 +35,11 @@ token per policy token, carrying the mean of its trajectories' advantages. Train
 separate sequences (how GRPO trainers that duplicate a branch's prefix train a tree) it would
 carry their sum instead: n times the weight. ``prefix_weight`` = alpha weights each policy
 token's loss by ``n ** alpha`` and the token-mean normaliser by the same (``weighted_tokens``):
-0 trains each token once (the default), 1 gives exactly the gradient of the duplicated
-sequences, 0.5 is TreeRL's ``1 / sqrt(|L(s)|)`` on duplicated sequences. Nodes on an
-unbranched path have n = 1, so a forest without branches is trained the same under any alpha.
+0 trains each token once (the default); 1 gives exactly the gradient of the duplicated
+sequences; 0.5 is the square root between them, the weight TreeRL gives a shared prefix by
+dividing duplicated sequences' advantages by ``sqrt(|L(s)|)`` (the ``treerl`` estimator
+already divides, so TreeRL's own update is ``treerl`` with 1). Nodes on an unbranched path
+have n = 1, so a forest without branches is trained the same under any alpha.
 """
 
 from __future__ import annotations
