@@ -134,14 +134,9 @@ def _span(forest: Forest, node: int) -> tuple[list[int], list[int], list[float]]
 
 
 def node_weights(forest: Forest, prefix_weight: float) -> np.ndarray | None:
-    """Each node's loss weight ``max(n, 1) ** prefix_weight`` (n: finished leaves below it; see
-    the module docstring), or None when ``prefix_weight`` is 0 (every weight 1)."""
-    if not 0.0 <= prefix_weight <= 1.0:
-        raise ValueError(f"prefix_weight must be in [0, 1], got {prefix_weight}")
-    if prefix_weight == 0.0:
-        return None
-    forest.ensure_backed_up()
-    return np.maximum(np.asarray(forest.n_leaves, dtype=np.float64), 1.0) ** prefix_weight
+    """Each node's loss weight (:meth:`~trace_gym.forest.forest.Forest.prefix_weights`; see the
+    module docstring), or None when ``prefix_weight`` is 0 (every weight 1, nothing to weigh)."""
+    return None if prefix_weight == 0.0 else forest.prefix_weights(prefix_weight)
 
 
 def _trained_trajectories(forest: Forest, adv: np.ndarray, skip_zero_advantage: bool,
@@ -284,7 +279,8 @@ def _pack_row(forest: Forest, adv: np.ndarray, nodes: list[int], trajs: list[int
             cols[g] += 1
             a.append(adv[n])
             beh.append(lps[k])
-            wt.append(1.0 if weights is None else weights[n])
+            if weights is not None:
+                wt.append(weights[n])
     return LossUnit(
         ids=np.asarray(ids, dtype=np.int64), positions=np.concatenate(positions) if positions else np.zeros(0, np.int64),
         segment=np.concatenate(segment) if segment else np.zeros(0, np.int32), ancestors=ancestors,

@@ -401,6 +401,18 @@ class Forest:
         """Boolean mask of finished leaves: terminal nodes that carry a reward."""
         return ((self.flags & TERMINAL) != 0) & ~np.isnan(self.reward)
 
+    def prefix_weights(self, alpha: float) -> np.ndarray:
+        """Each node's weight ``max(n, 1) ** alpha`` (float64), n the finished leaves below it:
+        the number of trajectories through the node, i.e. how often a trainer that gives every
+        trajectory its own sequence repeats it, to the power ``alpha`` in [0, 1] (the trainer's
+        ``loss.prefix_weight``; 0 gives every node 1)."""
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"prefix_weight must be in [0, 1], got {alpha}")
+        if alpha == 0.0:
+            return np.ones(len(self))
+        self.ensure_backed_up()
+        return np.maximum(np.asarray(self.n_leaves, dtype=np.float64), 1.0) ** alpha
+
     def effective_ratio(self) -> float:
         """Share of prompts (trees with at least one finished rollout) that hold both a
         success and a failure leaf (for graded rewards: two different leaf rewards)."""

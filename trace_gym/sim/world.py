@@ -392,11 +392,10 @@ class ContrastLabWorld:
 
         ``prefix_weight`` = alpha counts each turn ``n ** alpha`` times in every sum, mean and
         RMS above (n: the finished trajectories through it), as the trainer's
-        ``loss.prefix_weight`` weights a token (trainers/batching.py): 0 counts a shared turn
-        once, 1 once per trajectory through it."""
+        ``loss.prefix_weight`` weights a token (:meth:`Forest.prefix_weights`): 0 counts a shared
+        turn once, 1 once per trajectory through it."""
         adv = np.asarray(advantages, dtype=np.float64)
-        if not 0.0 <= prefix_weight <= 1.0:
-            raise ValueError(f"prefix_weight must be in [0, 1], got {prefix_weight}")
+        weight = forest.prefix_weights(prefix_weight)  # first: a bad value is refused even when nothing moves
         if adv.shape != (len(forest),):
             raise ValueError(f"advantages must have one value per node ({len(forest)}), got shape {adv.shape}")
         nodes = np.flatnonzero((forest.depth > 0) & (adv != 0) & np.isfinite(adv))
@@ -412,11 +411,6 @@ class ContrastLabWorld:
                 chosen[k] = self.options.find(m.group(1) or m.group(2))
         col = np.minimum(depth, self.max_turns)
         hit = (chosen == self.correct[task, col]).astype(np.float64)
-        if prefix_weight > 0:
-            forest.ensure_backed_up()
-            weight = np.maximum(np.asarray(forest.n_leaves, dtype=np.float64), 1.0) ** prefix_weight
-        else:
-            weight = np.ones(len(forest))
         w = weight[nodes]
         a = adv[nodes]
         if normalize:
