@@ -18,6 +18,10 @@ at most 0.5). Figures and a JSON summary go to ``--out``.
     python benchmarks/train_bench.py                      # both, 3 seeds, 2 worker processes
     python benchmarks/train_bench.py --only contrastlab   # the fast one
     python benchmarks/train_bench.py --seeds 0 --steps 10 # a shorter look
+    python benchmarks/train_bench.py --only quick --out DIR --reuse --variants V  # add a row to DIR's runs
+
+``--reuse`` trains only what ``--out`` lacks: a finished run of the same config (trace's and
+grpo's, earlier variants) is kept, unless ``--out`` records another warm start's weights.
 
 Runs share the machine: the thread count per worker is fixed (``--threads``) and reported.
 """
@@ -52,6 +56,35 @@ def run_train(config: str, overrides: list[str], threads: int, log: Path) -> flo
     if proc.returncode != 0:
         raise RuntimeError(f"training failed, see {log}:\n" + log.read_text()[-2000:])
     return time.perf_counter() - t0
+
+
+def finished_run(run_dir: Path, config: str, overrides: list[str], threads: int) -> bool:
+    """Whether ``run_dir`` holds a finished run of exactly this config, so ``--reuse`` can keep
+    it: its ``config.yaml`` has the fingerprint that ``config`` with ``overrides`` has (everything
+    that shapes the training numbers, the warm start's SFT config included; not the output
+    directory or logging) and its metrics reach the config's last step with a held-out
+    evaluation there."""
+    from trace_gym.trainers.config import load_config
+
+    try:
+        want = load_config(config, [*overrides, f"model.threads={threads}", "log.progress=false"])
+        have = load_config(run_dir / "config.yaml")
+        recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return False
+    last = [r for r in recs if r.get("step") == want.steps and any(k.startswith("eval/") for k in r)]
+    return have.fingerprint() == want.fingerprint() and bool(last)
+
+
+def weights_digest(warm_log: Path) -> str | None:
+    """sha256 of the warm start's ``model.safetensors`` (the warm-start log's first word is its
+    directory), or None when it cannot be read."""
+    import hashlib
+
+    try:
+        return hashlib.sha256((Path(warm_log.read_text().split()[0]) / "model.safetensors").read_bytes()).hexdigest()
+    except (OSError, IndexError):
+        return None
 
 
 def curve(run_dir: Path, env_name: str, key: str = "mean@k") -> dict[str, np.ndarray]:
@@ -249,25 +282,39 @@ def quick(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str
         with open(warm, "w") as fh:
             subprocess.run([sys.executable, "-c", code, cfg, *args.set], env=env, stdout=fh, stderr=subprocess.STDOUT, check=True, cwd=ROOT)
     t_sft = time.perf_counter() - t0
-    jobs = []
+    # --reuse keeps finished runs only if they were trained from these very weights: a warm
+    # start rebuilt under the same key on another machine can differ (README, "Measured")
+    digest_file, reuse_note = out / "quick-warm-start.json", None
+    digest = None if args.report_only else weights_digest(warm)
+    if args.reuse and not args.report_only:
+        earlier = json.loads(digest_file.read_text()).get("sha256") if digest_file.exists() else None
+        if earlier is None:
+            reuse_note = "reused runs: their warm start was not recorded in --out, taken on trust"
+        elif earlier != digest:
+            args.reuse, reuse_note = False, "nothing reused: the runs in --out were trained from another warm start"
+    if digest is not None:
+        digest_file.write_text(json.dumps({"warm_start": warm.read_text().split()[0], "sha256": digest}, indent=1))
+    jobs, reused = [], 0
     extra = ([f"steps={args.steps}"] if args.steps else []) + list(args.set)
     # the config's allocator (the default trace), other allocator specs (--variants), grpo
     variants = [("trace", [])] + [(v, v.split(";")) for v in args.variants]
     for seed in args.seeds:
         for alloc, over in variants + [("grpo", ["allocator.name=grpo", "advantage=grpo"])]:
             d = out / f"quick-{''.join(c if c.isalnum() else '-' for c in alloc)}-s{seed}"
-            if d.exists() and not args.report_only:
+            overrides = [f"seed={seed}", f"output_dir={d}", "log.tensorboard=false", *extra, *over]
+            keep = args.report_only or (args.reuse and finished_run(d, cfg, overrides, args.threads))
+            reused += bool(keep and not args.report_only)
+            if d.exists() and not keep:
                 import shutil
 
                 shutil.rmtree(d)
-            jobs.append((alloc, seed, d, [f"seed={seed}", f"output_dir={d}", "log.tensorboard=false", *extra, *over]))
+            jobs.append((alloc, seed, d, overrides, keep))
     t1 = time.perf_counter()
-    if not args.report_only:
-        with ThreadPoolExecutor(args.workers) as pool:
-            list(pool.map(lambda j: run_train(cfg, j[3], args.threads, out / f"{j[2].name}.log"), jobs))
+    with ThreadPoolExecutor(args.workers) as pool:
+        list(pool.map(lambda j: run_train(cfg, j[3], args.threads, out / f"{j[2].name}.log"), [j for j in jobs if not j[4]]))
     t_rl = time.perf_counter() - t1
     curves: dict[str, list] = {name: [] for name, _ in variants + [("grpo", [])]}
-    for alloc, _, d, _ in jobs:
+    for alloc, _, d, _, _ in jobs:
         curves[alloc].append(curve(d, "MathCalc-v0"))
     lines = []
     for name, _ in variants:
@@ -281,6 +328,9 @@ def quick(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str
         lines += report(f"Quick preset: tiny model on MathCalc (held-out mean@k), {name} (in the 'trace' columns) vs grpo", c, t_rl)
     lines.insert(-1, f"SFT warm start {t_sft:.0f} s (0 when cached); RL runs {t_rl:.0f} s with {args.workers} workers x {args.threads} thread(s)")
     lines.insert(-1, "warm start trained with: " + versions_text(warm_start_versions(warm)))
+    if args.reuse or reuse_note:
+        lines.insert(-1, f"{reused} of {len(jobs)} runs reused from --out (finished, same config fingerprint)"
+                     + (f"; {reuse_note}" if reuse_note else ""))
     return cmp, lines
 
 
@@ -339,6 +389,9 @@ def main() -> int:
     p.add_argument("--out", default=str(ROOT / "results" / "train_bench"))
     p.add_argument("--report-only", action="store_true",
                    help="quick preset: train nothing, report the runs already in --out (same seeds and variants)")
+    p.add_argument("--reuse", action="store_true",
+                   help="quick preset: keep the finished runs already in --out whose config is this command's "
+                        "(same fingerprint) instead of training them again; refused when --out records another warm start")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

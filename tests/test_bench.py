@@ -213,3 +213,27 @@ def test_ablation_grid_pairs_rows_by_seed(tmp_path, capsys):
     assert "Paired by seed against pcl" in out and "| trace | 1.33 ± 1.43 | 3 of 3 | 0 |" in out
     with pytest.raises(SystemExit):
         g.main(["--from-json", str(path), "--against", "oracle"])
+
+
+def test_train_bench_reuses_only_a_finished_run_of_the_same_config(tmp_path):
+    """``train_bench.py --reuse`` keeps a run folder only when it is a finished run of exactly
+    the config the command would train (same fingerprint; another seed or allocator is not),
+    and a run cut short is trained again."""
+    from trainers.config import load_config
+    from trainers.rl import RLTrainer
+
+    tb = _benchmark_module("train_bench")
+    cfg = str(tb.ROOT / "configs" / "contrastlab.yaml")
+    run = tmp_path / "run"
+    overrides = ["seed=3", f"output_dir={run}", "steps=2", "eval.every=5", "budget.trajectories=32", "budget.prompts=8",
+                 "log.tensorboard=false"]
+    RLTrainer(load_config(cfg, [*overrides, "model.threads=1", "log.progress=false"]), log=lambda m: None).train()
+    assert tb.finished_run(run, cfg, overrides, threads=1)
+    # the output directory is not part of a run's identity: a copied folder is still this run
+    assert tb.finished_run(run, cfg, [*overrides[:1], f"output_dir={tmp_path / 'elsewhere'}", *overrides[2:]], threads=1)
+    assert not tb.finished_run(run, cfg, ["seed=4", *overrides[1:]], threads=1)
+    assert not tb.finished_run(run, cfg, [*overrides, "allocator=grpo"], threads=1)
+    assert not tb.finished_run(tmp_path / "missing", cfg, overrides, threads=1)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(line for line in lines if '"step": 2' not in line) + "\n")
+    assert not tb.finished_run(run, cfg, overrides, threads=1)
