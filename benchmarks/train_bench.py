@@ -58,6 +58,17 @@ def run_train(config: str, overrides: list[str], threads: int, log: Path) -> flo
     return time.perf_counter() - t0
 
 
+def run_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of a run's ``metrics.jsonl``, in order."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def warm_start_dir(log: Path) -> Path:
+    """The warm start's directory: the warm-start log's first word (OSError/IndexError when
+    the log is missing or empty)."""
+    return Path(log.read_text().split()[0])
+
+
 def finished_run(run_dir: Path, config: str, overrides: list[str], threads: int) -> bool:
     """Whether ``run_dir`` holds a finished run of exactly this config, so ``--reuse`` can keep
     it: its ``config.yaml`` has the fingerprint that ``config`` with ``overrides`` has (everything
@@ -69,7 +80,7 @@ def finished_run(run_dir: Path, config: str, overrides: list[str], threads: int)
     try:
         want = load_config(config, [*overrides, f"model.threads={threads}", "log.progress=false"])
         have = load_config(run_dir / "config.yaml")
-        recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        recs = run_records(run_dir)
     except (OSError, ValueError):
         return False
     last = [r for r in recs if r.get("step") == want.steps and any(k.startswith("eval/") for k in r)]
@@ -77,19 +88,19 @@ def finished_run(run_dir: Path, config: str, overrides: list[str], threads: int)
 
 
 def weights_digest(warm_log: Path) -> str | None:
-    """sha256 of the warm start's ``model.safetensors`` (the warm-start log's first word is its
-    directory), or None when it cannot be read."""
+    """sha256 of the warm start's ``model.safetensors`` (:func:`warm_start_dir`), or None when it
+    cannot be read."""
     import hashlib
 
     try:
-        return hashlib.sha256((Path(warm_log.read_text().split()[0]) / "model.safetensors").read_bytes()).hexdigest()
+        return hashlib.sha256((warm_start_dir(warm_log) / "model.safetensors").read_bytes()).hexdigest()
     except (OSError, IndexError):
         return None
 
 
 def curve(run_dir: Path, env_name: str, key: str = "mean@k") -> dict[str, np.ndarray]:
     """Held-out accuracy of a run against cumulative trajectories and tokens."""
-    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    recs = run_records(run_dir)
     traj = {0: 0}
     tok = {0: 0}
     for r in recs:
@@ -259,9 +270,9 @@ def versions_text(versions: dict[str, str]) -> str:
 
 def warm_start_versions(log: Path) -> dict[str, str]:
     """The package versions a warm start was trained with, from its ``sft_summary.json``
-    (the warm-start log's first word is its directory); empty when not recorded."""
+    (:func:`warm_start_dir`); empty when not recorded."""
     try:
-        summary = Path(log.read_text().split()[0]) / "sft_summary.json"
+        summary = warm_start_dir(log) / "sft_summary.json"
         return json.loads(summary.read_text()).get("versions", {})
     except (OSError, IndexError, ValueError):
         return {}
@@ -284,16 +295,16 @@ def quick(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str
     t_sft = time.perf_counter() - t0
     # --reuse keeps finished runs only if they were trained from these very weights: a warm
     # start rebuilt under the same key on another machine can differ (README, "Measured")
-    digest_file, reuse_note = out / "quick-warm-start.json", None
+    digest_file, reuse, reuse_note = out / "quick-warm-start.json", args.reuse and not args.report_only, None
     digest = None if args.report_only else weights_digest(warm)
-    if args.reuse and not args.report_only:
+    if reuse:
         earlier = json.loads(digest_file.read_text()).get("sha256") if digest_file.exists() else None
         if earlier is None:
             reuse_note = "reused runs: their warm start was not recorded in --out, taken on trust"
         elif earlier != digest:
-            args.reuse, reuse_note = False, "nothing reused: the runs in --out were trained from another warm start"
+            reuse, reuse_note = False, "nothing reused: the runs in --out were trained from another warm start"
     if digest is not None:
-        digest_file.write_text(json.dumps({"warm_start": warm.read_text().split()[0], "sha256": digest}, indent=1))
+        digest_file.write_text(json.dumps({"warm_start": str(warm_start_dir(warm)), "sha256": digest}, indent=1))
     jobs, reused = [], 0
     extra = ([f"steps={args.steps}"] if args.steps else []) + list(args.set)
     # the config's allocator (the default trace), other allocator specs (--variants), grpo
@@ -302,8 +313,8 @@ def quick(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str
         for alloc, over in variants + [("grpo", ["allocator.name=grpo", "advantage=grpo"])]:
             d = out / f"quick-{''.join(c if c.isalnum() else '-' for c in alloc)}-s{seed}"
             overrides = [f"seed={seed}", f"output_dir={d}", "log.tensorboard=false", *extra, *over]
-            keep = args.report_only or (args.reuse and finished_run(d, cfg, overrides, args.threads))
-            reused += bool(keep and not args.report_only)
+            keep = args.report_only or (reuse and finished_run(d, cfg, overrides, args.threads))
+            reused += bool(keep and reuse)
             if d.exists() and not keep:
                 import shutil
 
@@ -353,7 +364,7 @@ def smollm2(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[s
     run_train(cfg, [f"output_dir={run}", "log.tensorboard=false"], args.threads * args.workers, out / "smollm2-run.log")
     t_run = time.perf_counter() - t1
     z = json.loads(zero.read_text())["envs"]["trace_gym/MathCalc-v0"]
-    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    recs = run_records(run)
     evals = [r for r in recs if "eval/MathCalc-v0/mean@k" in r]
     steps = [r for r in recs if "effective_ratio" in r]
     pick = lambda r: {"accuracy": r["eval/MathCalc-v0/mean@k"], "tool_call_rate": r["eval/MathCalc-v0/tool_call_rate"],  # noqa: E731
