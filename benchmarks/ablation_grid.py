@@ -265,10 +265,10 @@ def learning_table(summary: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def paired_table(values: dict[str, dict[int, float]], against: str, what: str, scale: float = 1.0,
-                 higher_is_better: bool = True) -> list[str]:
+                 higher_is_better: bool = True, digits: int = 2) -> list[str]:
     """Markdown: every row's ``values`` minus ``against``'s on the same seed (times ``scale``),
-    mean ± 95% interval, and on how many seeds the row is ahead; seeds where either value is
-    not finite are left out and counted. Rows in the order given."""
+    mean ± 95% interval to ``digits`` decimals, and on how many seeds the row is ahead; seeds
+    where either value is not finite are left out and counted. Rows in the order given."""
     head = ["row", f"{what}: row − {against}", "row ahead on", "seeds left out"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     base = values[against]
@@ -279,7 +279,7 @@ def paired_table(values: dict[str, dict[int, float]], against: str, what: str, s
         both = [s for s in seeds if math.isfinite(by_seed[s]) and math.isfinite(base[s])]
         diff = [scale * (by_seed[s] - base[s]) for s in both]
         ahead = sum((d > 0) if higher_is_better else (d < 0) for d in diff)
-        text = fmt(interval(diff), digits=2) if diff else "–"
+        text = fmt(interval(diff), digits=digits) if diff else "–"
         lines.append(f"| {key} | {text} | {ahead} of {len(diff)} | {len(seeds) - len(both)} |")
     return lines
 

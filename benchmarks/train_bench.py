@@ -22,6 +22,8 @@ at most 0.5). Figures and a JSON summary go to ``--out``.
 
 ``--reuse`` trains only what ``--out`` lacks: a finished run of the same config (trace's and
 grpo's, earlier variants) is kept, unless ``--out`` records another warm start's weights.
+The quick preset's summary ends with every row's final held-out accuracy paired by seed
+against grpo's and, with variants, against the default trace's (:func:`paired_finals`).
 
 Runs share the machine: the thread count per worker is fixed (``--threads``) and reported.
 """
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from ablation_grid import paired_table  # this script's own folder: run as a script, it is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 ACC = "eval/{env}/mean@k"
@@ -179,6 +182,18 @@ def compare(curves: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Any]:
     mean["trajectory_ratio_interval"] = bootstrap_interval(curves["trace"], curves["grpo"], "trajectories", target=0.5)
     out["mean"] = mean
     return out
+
+
+def paired_finals(finals: dict[str, dict[int, float]]) -> list[str]:
+    """Markdown: each row's mean final held-out accuracy, then every row minus grpo's on the
+    same seed and, when there are variants, every row minus the default trace's (``"trace"``):
+    mean ± 95% t-interval and the seeds the row is ahead on. What the seeds share (the warm
+    start's evaluation draw, the tasks) drops out of a paired difference."""
+    lines = ["### Final held-out accuracy, paired by seed", "",
+             "means: " + ", ".join(f"{k} {np.mean(list(v.values())):.3f}" for k, v in finals.items()), ""]
+    for against in ("grpo", "trace") if len(finals) > 2 else ("grpo",):
+        lines += paired_table(finals, against, "final acc.", digits=3) + [""]
+    return lines
 
 
 def plot(curves: dict[str, list[dict[str, np.ndarray]]], title: str, path: Path) -> None:
@@ -325,8 +340,10 @@ def quick(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str
         list(pool.map(lambda j: run_train(cfg, j[3], args.threads, out / f"{j[2].name}.log"), [j for j in jobs if not j[4]]))
     t_rl = time.perf_counter() - t1
     curves: dict[str, list] = {name: [] for name, _ in variants + [("grpo", [])]}
-    for alloc, _, d, _, _ in jobs:
+    finals: dict[str, dict[int, float]] = {name: {} for name in curves}
+    for alloc, seed, d, _, _ in jobs:
         curves[alloc].append(curve(d, "MathCalc-v0"))
+        finals[alloc][seed] = float(curves[alloc][-1]["acc"][-1])
     lines = []
     for name, _ in variants:
         c = compare({"trace": curves[name], "grpo": curves["grpo"]})
@@ -342,7 +359,8 @@ def quick(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str
     if args.reuse or reuse_note:
         lines.insert(-1, f"{reused} of {len(jobs)} runs reused from --out (finished, same config fingerprint)"
                      + (f"; {reuse_note}" if reuse_note else ""))
-    return cmp, lines
+    cmp["finals"] = finals
+    return cmp, lines + paired_finals(finals)
 
 
 def smollm2(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str]]:

@@ -237,3 +237,20 @@ def test_train_bench_reuses_only_a_finished_run_of_the_same_config(tmp_path):
     lines = (run / "metrics.jsonl").read_text().splitlines()
     (run / "metrics.jsonl").write_text("\n".join(line for line in lines if '"step": 2' not in line) + "\n")
     assert not tb.finished_run(run, cfg, overrides, threads=1)
+
+
+def test_train_bench_pairs_final_accuracy_by_seed():
+    """The quick preset's summary pairs every row's final held-out accuracy with grpo's on the
+    same seed and, with variants, with the default trace's: the README's paired columns."""
+    tb = _benchmark_module("train_bench")
+    g = _grid_module()
+    finals = {"trace": {0: 0.80, 1: 0.90, 2: 0.70}, "advantage=treerl": {0: 0.85, 1: 0.90, 2: 0.75},
+              "grpo": {0: 0.82, 1: 0.86, 2: 0.71}}
+    text = "\n".join(tb.paired_finals(finals))
+    assert "means: trace 0.800, advantage=treerl 0.833, grpo 0.797" in text
+    vs_grpo, vs_trace = text.split("row − grpo")[1], text.split("row − trace")[1]
+    assert f"| trace | {g.fmt(g.interval([-0.02, 0.04, -0.01]), digits=3)} | 1 of 3 | 0 |" in vs_grpo
+    assert f"| advantage=treerl | {g.fmt(g.interval([0.05, 0.0, 0.05]), digits=3)} | 2 of 3 | 0 |" in vs_trace
+    # without variants there is no default to pair against: grpo only
+    only = "\n".join(tb.paired_finals({"trace": finals["trace"], "grpo": finals["grpo"]}))
+    assert "row − grpo" in only and "row − trace" not in only
