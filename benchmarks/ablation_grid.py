@@ -15,7 +15,8 @@ Axes (every combination; a stage that uses no predictor collapses the predictor 
 * predictor: ``beta`` | ``hashed`` (the shared model) | ``hashed:counts=true`` (with
   per-prompt counts) | ``lm`` (``--predictors``; ``lm`` runs a frozen MiniLM encoder on
   every history, minutes per step at M = 1024 on a CPU, and is left out by default: add it
-  with ``--predictors beta,hashed,hashed:counts=true,lm`` where a GPU is at hand);
+  with ``--predictors beta,hashed,hashed:counts=true,lm`` where a GPU is at hand, or as
+  ``lm:segments=turns``, which encodes each turn once, about 3 min a run on a CPU);
 * advantage: ``grpo`` | ``trace`` | ``treerl`` | ``tree_grpo`` | ``trace:scale=group``.
 
 Beside the grid run the baselines and competitors (``grpo``, ``uniform``, ``dapo``, ``pcl``,

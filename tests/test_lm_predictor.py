@@ -35,9 +35,10 @@ def _auc(p, y):
     return float((pos[:, None] > neg[None, :]).mean())
 
 
-def test_learns_held_out_prompt_difficulty_and_round_trips(data):
+@pytest.mark.parametrize("segments", ["history", "turns"])
+def test_learns_held_out_prompt_difficulty_and_round_trips(data, segments):
     hs, ys = data
-    pred = trace_gym.make_predictor("lm", seed=0)
+    pred = trace_gym.make_predictor("lm", seed=0, segments=segments)
     before = pred.predict(hs[60:])
     np.testing.assert_allclose(before, 0.5, atol=0.05)  # starts at the prior
     for _ in range(6):
@@ -46,7 +47,7 @@ def test_learns_held_out_prompt_difficulty_and_round_trips(data):
     assert _auc(p, ys[60:]) > 0.95
     assert np.mean((p - ys[60:]) ** 2) < np.mean((before - ys[60:]) ** 2) / 4
     # state_dict round trip: same predictions, and the next update lands in the same place.
-    clone = trace_gym.make_predictor("lm", seed=0)
+    clone = trace_gym.make_predictor("lm", seed=0, segments=segments)
     clone.load_state_dict(pred.state_dict())
     np.testing.assert_array_equal(clone.predict(hs[60:]), p)
     pred.update(hs[:20], ys[:20], np.ones(20))
@@ -107,3 +108,29 @@ def test_policy_backbone_encoder_learns_and_stays_frozen(data):
         pred.update(hs[:60], ys[:60], np.ones(60))
     assert _auc(pred.predict(hs[60:]), ys[60:]) > 0.9
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_turn_segments_encode_each_new_turn_once_and_read_the_last_one():
+    """segments='turns': extending a seen prefix by one turn encodes that turn alone, and two
+    histories that differ only in their last turn's observation get different features."""
+    pred = trace_gym.make_predictor("lm", segments="turns")
+    encoded: list = []
+    embed = pred._embed_texts
+    pred._embed_texts = lambda keys: (encoded.extend(keys), embed(keys))[1]
+    prompt = "Compute 7919 * 104729."
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "7919*104729"}}</tool_call>'
+    root = History(task_id="t", prompt=prompt, steps=(), max_turns=4)
+    ok = History(task_id="t", prompt=prompt, steps=(f"{call}\n829348951",), max_turns=4)
+    bad = History(task_id="t", prompt=prompt, steps=(f"{call}\nError: invalid expression",), max_turns=4)
+    pred.features([root, ok])
+    assert encoded == [(prompt, None), (ok.steps[0], None)]
+    encoded.clear()
+    x = pred.features([ok, bad, History(task_id="t", prompt=prompt, steps=ok.steps + ("<answer>829348951</answer>",), max_turns=4)])
+    assert encoded == [(bad.steps[0], None), ("<answer>829348951</answer>", None)]
+    assert not torch.equal(x[0], x[1])
+    assert x.shape[1] == pred.head.net[0].in_features == 3 * 384 + 2
+
+
+def test_unknown_segments_is_a_clear_error():
+    with pytest.raises(ValueError, match="segments"):
+        trace_gym.make_predictor("lm", segments="sentences")

