@@ -77,8 +77,29 @@ def test_embedding_does_not_depend_on_batch_company(data):
     a = trace_gym.make_predictor("lm")
     b = trace_gym.make_predictor("lm")
     together = a.features(hs[:20])
+    b.refresh()  # the two share one cache: empty it so that b encodes hs[7] again, alone
     alone = b.features([hs[7]])
     assert torch.equal(together[7], alone[0])
+
+
+@pytest.mark.parametrize("segments", ["history", "turns"])
+def test_predictors_of_one_process_share_embeddings(data, segments):
+    """A second predictor with the same frozen encoder (the next run of a benchmark worker)
+    encodes no text the first one encoded, and reads the same features."""
+    hs, _ = data
+    first = trace_gym.make_predictor("lm", segments=segments)
+    first.refresh()
+    x = first.features(hs[:30])
+    second = trace_gym.make_predictor("lm", segments=segments, seed=5)
+    encoded: list = []
+    embed = second._embed_texts
+    second._embed_texts = lambda keys: (encoded.extend(keys), embed(keys))[1]
+    y = second.features(hs[:40])
+    assert torch.equal(x, y[:30])
+    fresh = {first.text_of(h) for h in hs[30:40]} if segments == "history" else {(h.prompt, None) for h in hs[30:40]} | {(t, None) for h in hs[30:40] for t in h.steps}
+    assert encoded and set(encoded) <= fresh
+    # another max_length reads other embeddings: its cache is not the same
+    assert trace_gym.make_predictor("lm", segments=segments, max_length=64)._cache is not first._cache
 
 
 def test_policy_backbone_encoder_learns_and_stays_frozen(data):
@@ -104,6 +125,7 @@ def test_policy_backbone_encoder_learns_and_stays_frozen(data):
     with pytest.raises(RuntimeError, match="attach"):
         pred.predict(hs[:2])
     pred.attach(model, tokenizer)
+    assert pred._cache is not trace_gym.make_predictor("lm")._cache  # the policy's features are its own
     for _ in range(8):
         pred.update(hs[:60], ys[:60], np.ones(60))
     assert _auc(pred.predict(hs[60:]), ys[60:]) > 0.9
@@ -114,6 +136,7 @@ def test_turn_segments_encode_each_new_turn_once_and_read_the_last_one():
     """segments='turns': extending a seen prefix by one turn encodes that turn alone, and two
     histories that differ only in their last turn's observation get different features."""
     pred = trace_gym.make_predictor("lm", segments="turns")
+    pred.refresh()  # the cache is shared with every earlier lm predictor of this process
     encoded: list = []
     embed = pred._embed_texts
     pred._embed_texts = lambda keys: (encoded.extend(keys), embed(keys))[1]

