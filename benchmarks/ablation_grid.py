@@ -1,6 +1,6 @@
 """The whole TRACE ablation grid on ContrastLab, as one command, with 95% intervals over seeds.
 
-    python benchmarks/ablation_grid.py                       # both parts, 3 seeds, every predictor (~2.5 h on 2 cores)
+    python benchmarks/ablation_grid.py                       # both parts, 3 seeds, every predictor (~2 h on 2 cores)
     python benchmarks/ablation_grid.py --predictors beta,hashed,hashed:counts=true   # without lm (~35 min)
     python benchmarks/ablation_grid.py --part allocation     # the frozen-policy part only
     python benchmarks/ablation_grid.py --part learning --jobs 2 --json grid.json --markdown grid.md
