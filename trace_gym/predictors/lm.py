@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Sequence
@@ -51,6 +52,7 @@ SEGMENTS = {"history": 1, "turns": 3}  # embeddings per history: the whole; or p
 _ENCODERS: dict[tuple[str, str], tuple[Any, Any]] = {}
 # embeddings of frozen encoders, shared by the predictors of a process: (path, device, max_length) -> cache
 _EMBEDDINGS: dict[tuple[str, str, int], OrderedDict] = {}
+_CACHE_LOCK = threading.Lock()
 
 
 def minilm_dir() -> Path:
@@ -245,13 +247,14 @@ class LMPredictor(Predictor):
 
     def _embeddings(self, keys: list[tuple[str, str | None]]) -> dict[tuple[str, str | None], torch.Tensor]:
         """The cached embedding of every (first segment, second segment or None) in ``keys``."""
-        missing = [k for k in dict.fromkeys(keys) if k not in self._cache]
-        if missing:
-            for k, e in zip(missing, self._embed_texts(missing)):
-                self._cache[k] = e
-        found = {k: self._cache[k] for k in keys}
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+        with _CACHE_LOCK:  # the cache may be shared with predictors in other threads
+            missing = [k for k in dict.fromkeys(keys) if k not in self._cache]
+            if missing:
+                for k, e in zip(missing, self._embed_texts(missing)):
+                    self._cache[k] = e
+            found = {k: self._cache[k] for k in keys}
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
         return found
 
     def features(self, histories: Sequence[History]) -> torch.Tensor:
