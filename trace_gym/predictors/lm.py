@@ -139,6 +139,7 @@ class LMPredictor(Predictor):
         self._model: Any = None
         self._tokenizer: Any = None
         self._normalise = False
+        # the predictor's own; a frozen encoder swaps in the process's shared one (_load_encoder)
         self._cache: OrderedDict[tuple[str, str | None], torch.Tensor] = OrderedDict()
         self.head: _Head | None = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -171,7 +172,6 @@ class LMPredictor(Predictor):
             raise ValueError("attach() is for encoder='policy'")
         self._model, self._tokenizer = model, tokenizer
         self.device = next(model.parameters()).device
-        self._cache = OrderedDict()  # the policy's features change with it: never shared
         if self.head is None:
             self._init_head(int(model.config.hidden_size))
         else:
