@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from ablation_grid import interval  # the grid's 95% t-interval; this script's folder is on sys.path
+from seed_stats import interval  # the benchmarks' 95% t-interval; this script's folder is on sys.path
 from trace_gym.sim.difficulty import DEFAULT_DIFFICULTY, parse_difficulty
 
 RULES = ("grpo", "greedy", "thompson", "tree", "concentrated", "oracle")

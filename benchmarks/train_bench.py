@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ablation_grid import paired_table  # this script's own folder: run as a script, it is on sys.path
+from seed_stats import paired_table  # this script's own folder: run as a script, it is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 ACC = "eval/{env}/mean@k"
@@ -424,7 +424,7 @@ def main() -> int:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from trace_gym.leaderboard.runner import cpu_info, package_versions
+    from trace_gym.provenance import cpu_info, package_versions
 
     # a real model's warm start depends on the install and the CPU (README, "Training on the quick preset"): say which
     versions, cpu = package_versions(), cpu_info()

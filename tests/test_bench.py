@@ -155,7 +155,7 @@ def test_ablation_grid_covers_every_cell_and_scores_by_hand():
     curve = [{"test_success": 0.4, "tokens": 0}, {"test_success": 0.5, "tokens": 100}, {"test_success": 0.7, "tokens": 200}]
     assert g.reach(curve, 0.6, "tokens") == pytest.approx(150.0)
     assert g.reach(curve, 0.8, "tokens") == float("inf")
-    mean, half = g.interval([1.0, 2.0, 3.0])
+    mean, half = _benchmark_module("seed_stats").interval([1.0, 2.0, 3.0])
     assert mean == 2.0 and half == pytest.approx(4.303 * 1.0 / 3 ** 0.5)
 
 
@@ -187,17 +187,18 @@ def test_ablation_grid_pairs_rows_by_seed(tmp_path, capsys):
     import json
 
     g = _grid_module()
+    st = _benchmark_module("seed_stats")
     inf = float("inf")
-    assert g.t975(2) == 4.303
-    assert g.t975(10) == pytest.approx(2.228, abs=0.003) and g.t975(30) == pytest.approx(2.042, abs=0.003)
+    assert st.t975(2) == 4.303
+    assert st.t975(10) == pytest.approx(2.228, abs=0.003) and st.t975(30) == pytest.approx(2.042, abs=0.003)
     esr = {"pcl": {0: 0.80, 1: 0.90, 2: 0.70}, "trace": {0: 0.81, 1: 0.91, 2: 0.72}, "x": {0: 0.5, 1: inf, 2: 0.6}}
-    lines = g.paired_table(esr, "pcl", "ESR", scale=100.0)
+    lines = st.paired_table(esr, "pcl", "ESR", scale=100.0)
     assert len(lines) == 4 and not any(line.startswith("| pcl |") for line in lines)
     trace = next(line for line in lines if line.startswith("| trace |"))
-    assert g.fmt(g.interval([1.0, 1.0, 2.0])) in trace and "| 3 of 3 | 0 |" in trace
+    assert st.fmt(st.interval([1.0, 1.0, 2.0])) in trace and "| 3 of 3 | 0 |" in trace
     x = next(line for line in lines if line.startswith("| x |"))
-    assert g.fmt(g.interval([-30.0, -10.0])) in x and "| 0 of 2 | 1 |" in x
-    tokens = g.paired_table({"grpo": {0: 1.0, 1: 1.0}, "trace": {0: 0.4, 1: 1.2}}, "grpo", "tokens", higher_is_better=False)
+    assert st.fmt(st.interval([-30.0, -10.0])) in x and "| 0 of 2 | 1 |" in x
+    tokens = st.paired_table({"grpo": {0: 1.0, 1: 1.0}, "trace": {0: 0.4, 1: 1.2}}, "grpo", "tokens", higher_is_better=False)
     assert "| 1 of 2 |" in tokens[-1]
 
     def run(v):
@@ -258,7 +259,7 @@ def test_train_bench_pairs_final_accuracy_by_seed():
     """The quick preset's summary pairs every row's final held-out accuracy with grpo's on the
     same seed and, with variants, with the default trace's: the README's paired columns."""
     tb = _benchmark_module("train_bench")
-    g = _grid_module()
+    g = _benchmark_module("seed_stats")
     finals = {"trace": {0: 0.80, 1: 0.90, 2: 0.70}, "advantage=treerl": {0: 0.85, 1: 0.90, 2: 0.75},
               "grpo": {0: 0.82, 1: 0.86, 2: 0.71}}
     text = "\n".join(tb.paired_finals(finals))

@@ -25,6 +25,7 @@ from trace_gym.leaderboard import (
     RecordError, SuiteError, UnequalBudget, load_records, load_suite, parse_suite, rank,
 )
 from trace_gym.leaderboard.records import compute_digest
+from trace_gym.provenance import cpu_info
 
 ALLOCATORS = ["grpo", "uniform", "trace"]
 M, CANDIDATES, STEPS = 256, 128, 4
@@ -92,6 +93,8 @@ def test_run_writes_records_leaderboard_and_plots(runs):
                 assert r.predictor is None and s.metrics["brier"] is None
         assert r.final["effective_ratio"] == pytest.approx(np.mean([s.metrics["effective_ratio"] for s in r.steps]))
         assert r.git_commit and r.versions["numpy"] == np.__version__ and len(r.config_hash) == 16
+        assert r.cpu == cpu_info() and r.cpu["cpu"]  # math libraries choose kernels by CPU
+    assert f"CPU(s) {cpu_info()['cpu']}" in (a / "leaderboard.html").read_text()
     # the same seed offers every allocator the same prompts, so grpo's fixed groups see the
     # same per-step prompt count whatever ran before it
     by = {(r.allocator, r.seed): r for r in records}
@@ -302,6 +305,7 @@ CORRUPTIONS = {
                        "exceed"),
     "a step removed": (_json_edit(lambda d: d.update(steps=d["steps"][:-1])), "steps", "budget.steps"),
     "metric edited": (_json_edit(lambda d: d["final"].update(effective_sample_ratio=0.99)), "digest", "changed after"),
+    "CPU edited": (_json_edit(lambda d: d["cpu"].update(cpu="another CPU")), "digest", "changed after"),
     "not an object": (lambda line: "[1, 2]", "", "JSON object"),
 }
 
@@ -319,6 +323,22 @@ def test_merge_refuses_corrupted_records_naming_record_and_field(runs, tmp_path,
         assert f"field '{field}'" in err
     assert words in err
     assert not (tmp_path / "m").exists()
+
+
+def test_records_written_before_the_cpu_was_recorded_still_load_and_keep_their_digest(runs, tmp_path):
+    old = []
+    for line in (runs["b"] / "records.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        del d["cpu"]  # as written before records carried the CPU
+        d["digest"] = compute_digest(d)
+        old.append(json.dumps(d, sort_keys=True, allow_nan=False))
+    (tmp_path / "records.jsonl").write_text("\n".join(old) + "\n")
+    loaded = load_records([tmp_path])
+    assert [lr.record.cpu for lr in loaded] == [{}] * len(old)
+    # written out again (a merge, a move aside), each is the line it was: its digest still holds
+    assert [lr.record.to_json() for lr in loaded] == old
+    assert run_cli("merge", tmp_path, runs["a"], "--out", tmp_path / "m") == 0
+    assert len(load_records([tmp_path / "m"])) == len(old) + len(load_records([runs["a"]]))
 
 
 def test_duplicate_seed_from_another_run_is_refused(runs, tmp_path):

@@ -142,7 +142,7 @@ def test_warm_start_is_cached_and_teaches_the_answer_format():
     assert summary["threads"] == 1 and summary["device"] == "cpu"
     versions = summary["versions"]
     assert versions["torch"] == metadata.version("torch") and versions["transformers"] == metadata.version("transformers")
-    from trace_gym.leaderboard.runner import cpu_info
+    from trace_gym.provenance import cpu_info
 
     assert summary["cpu"] == cpu_info() and summary["cpu"]["cpu"]  # and the CPU: math libraries pick kernels by it
 

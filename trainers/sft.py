@@ -292,7 +292,7 @@ def warm_start(model: str, cfg: SFTConfig, *, tiny: TinySpec | None = None,
         torch.set_num_threads(caller_threads)
     # the key holds the config and the device, not the install: a warm start rebuilt under
     # other package versions can differ, so the summary says which
-    from trace_gym.leaderboard.runner import cpu_info, package_versions
+    from trace_gym.provenance import cpu_info, package_versions
 
     summary.update(base=ident, config=cfg.model_dump(mode="json"), device=device, versions=package_versions(), cpu=cpu_info())
     final.parent.mkdir(parents=True, exist_ok=True)

@@ -41,9 +41,11 @@ def _provenance(records) -> str:
     runs = sorted({lr.record.run for lr in records})
     commits = sorted({lr.record.git_commit[:12] for lr in records})
     hosts = sorted({lr.record.host for lr in records})
+    cpus = sorted({lr.record.cpu.get("cpu", "") for lr in records} - {""})
     versions = records[0].record.versions
     pkg = ", ".join(f"{k} {v}" for k, v in versions.items())
-    return (f"{len(records)} records from run(s) {', '.join(runs)}; host(s) {', '.join(hosts)}; "
+    cpu = f"CPU(s) {', '.join(cpus)}; " if cpus else ""  # records written before the CPU was recorded have none
+    return (f"{len(records)} records from run(s) {', '.join(runs)}; host(s) {', '.join(hosts)}; {cpu}"
             f"commit(s) {', '.join(commits)}; {pkg}")
 
 

@@ -1,7 +1,7 @@
 """Leaderboard records: one JSON line per (track, env, allocator, seed) run, and the rules
 for merging and ranking them.
 
-A record carries its provenance (config hash, package versions, git commit, host), the
+A record carries its provenance (config hash, package versions, git commit, host, CPU), the
 budget it was given and what it spent, its metrics per step and its final metrics, and a
 ``digest`` over everything else, so a record edited by hand after it was written is caught.
 
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 SCHEMA = "trace-gym/leaderboard-record/1"
 
@@ -140,8 +140,18 @@ class Record(_Strict):
     host: str
     created: str
     digest: str
+    cpu: dict[str, str] = Field(default_factory=dict)
+    """The host CPU (:func:`trace_gym.provenance.cpu_info`); empty in records written before it
+    was recorded, and then left out of the JSON, so those keep their digest."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_serializer(mode="wrap")
+    def _without_unrecorded_cpu(self, handler):
+        data = handler(self)
+        if not data.get("cpu"):
+            data.pop("cpu", None)
+        return data
 
     @model_validator(mode="after")
     def _budget_adds_up(self) -> "Record":

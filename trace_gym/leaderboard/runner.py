@@ -28,9 +28,6 @@ names.
 from __future__ import annotations
 
 import os
-import platform
-import socket
-import subprocess
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -45,67 +42,9 @@ from trace_gym.leaderboard.records import (
     parse_record_line, write_records,
 )
 from trace_gym.leaderboard.spec import AllocatorEntry, EnvEntry, SuiteSpec, TrackSpec, config_hash
+from trace_gym.provenance import provenance
 from trace_gym.run import ComponentSpec, RunSpec, defaults, row_label
 from trace_gym.step import RolloutSource, Step, StepResult
-
-# ----------------------------------------------------------------------------- provenance
-
-_VERSION_PACKAGES = ("trace-gym", "numpy", "numba", "gymnasium", "pydantic", "torch", "transformers", "tokenizers", "vllm")
-
-
-def package_versions() -> dict[str, str]:
-    """Python and the versions of the packages that decide a result (installed ones only)."""
-    out = {"python": platform.python_version()}
-    for name in _VERSION_PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
-
-
-def cpu_info() -> dict[str, str]:
-    """The host CPU as far as it decides float results: its model name and family / model /
-    stepping (from ``/proc/cpuinfo`` where there is one, else ``platform``) and the vector ISA
-    torch dispatches to. Math libraries pick their kernels and blockings by CPU, so a long
-    float computation (an SFT warm start) can come out differently on another CPU."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                key, sep, value = line.partition(":")
-                if not sep:
-                    if fields:
-                        break  # the first processor's block is enough
-                    continue
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    out = {"cpu": fields.get("model name") or platform.processor() or platform.machine()}
-    if "cpu family" in fields:
-        out["cpu_id"] = f"family {fields['cpu family']} model {fields.get('model', '?')} stepping {fields.get('stepping', '?')}"
-    try:
-        import torch
-
-        out["torch_cpu_capability"] = str(torch.backends.cpu.get_cpu_capability())
-    except Exception:  # torch absent or too old: the rest still identifies the host
-        pass
-    return out
-
-
-def git_commit() -> str:
-    """The commit of the trace-gym checkout (``+dirty`` with local changes), else ``unknown``."""
-    repo = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        if head.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
-        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
 
 # ----------------------------------------------------------------------------- rollout sources
 
@@ -567,7 +506,7 @@ def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, res
                       f"budget or allocators) in {out_dir / EARLIER_FILE}: not ranked; see them with "
                       f"`trace-gym leaderboard show {out_dir / EARLIER_FILE}`", highlight=False, soft_wrap=True)
     run_id = out_dir.name
-    provenance = {"versions": package_versions(), "git_commit": git_commit(), "host": socket.gethostname()}
+    where = provenance()
     todo = [p for p in plans if (p.config_hash, p.seed) not in done]
     records: list[Record] = [done[(p.config_hash, p.seed)] for p in plans if (p.config_hash, p.seed) in done]
     caches: dict[str, dict] = {}
@@ -591,7 +530,7 @@ def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, res
                 console.print(f"[yellow]warning:[/yellow] {plan.label}: {share * spent:.0f} of {spent} trajectories failed (counted "
                               f"as spent; the table's 'failed' column)" + (": " + " | ".join(result.errors) if result.errors else ""),
                               highlight=False, soft_wrap=True)
-            record = _seal(spec, plan, result, run_id, provenance)
+            record = _seal(spec, plan, result, run_id, where)
             write_records(records_path, [record], append=True)
             records.append(record)
             progress.remove_task(run_bar)
@@ -602,7 +541,7 @@ __all__ = [
     "ALLOCATION_FINAL", "EARLIER_FILE", "OWN_NODE_CALIBRATION", "RolloutSource", "SHARED_CALIBRATION", "SuiteRecords",
     "allocation_step", "calibration_metrics", "failed_share", "move_aside", "register_shared_evaluation", "shared_calibration",
     "read_record_file", "sort_records", "row_spec", "step_record", "RunPlan", "RunResult", "TRAINING_FINAL", "eval_steps",
-    "cpu_info", "git_commit", "mean_metrics", "preflight", "make_source", "package_versions", "plan_suite",
+    "mean_metrics", "preflight", "make_source", "plan_suite",
     "register_source", "register_training_runner", "resolve_advantage", "resolve_predictor", "row_config", "run_allocation", "run_suite", "run_training",
 
 ]
