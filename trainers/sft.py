@@ -40,7 +40,7 @@ from trace_gym.trainers.presets import TinySpec, cache_root, tiny_model_dir
 
 
 class SFTConfig(BaseModel):
-    """The SFT warm start. Every field but ``micro_batch_tokens`` (memory only) is part of the
+    """The SFT warm start. Every field but ``micro_batch_tokens`` (a memory bound) is part of the
     cache key, with the device it trains on: the key names the weights, whoever builds them."""
 
     model_config = ConfigDict(extra="forbid")
@@ -56,7 +56,9 @@ class SFTConfig(BaseModel):
     micro_batch_size: int = Field(16, ge=1, description="Sequences per forward pass (gradient accumulation splits batches).")
     micro_batch_tokens: int | None = Field(
         4096, ge=16, description="Most padded tokens per forward pass (None: no bound); a longer sequence goes alone. "
-                                 "Memory only: the loss and the step are the same, so it is not part of the cache key.")
+                                 "The loss and the step are the same up to float rounding, so it is not part of the cache key: "
+                                 "a machine with less memory reuses a warm start built with more (a rebuild at another "
+                                 "bound sums in another order and, like one at another thread count, may differ).")
     max_length: int = Field(1024, ge=16, description="Demonstrations longer than this (in tokens) are skipped.")
     strip_thoughts: bool = Field(False, description="Drop <think>...</think> blocks from demonstrated turns: shorter turns for small models that do not use them.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip.")
