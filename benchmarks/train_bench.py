@@ -102,7 +102,8 @@ def weights_digest(warm_log: Path) -> str | None:
 
 
 def curve(run_dir: Path, env_name: str, key: str = "mean@k") -> dict[str, np.ndarray]:
-    """Held-out accuracy of a run against cumulative trajectories and tokens."""
+    """Held-out accuracy of a run against cumulative trajectories and tokens, and its per-step
+    effective ratio and effective sample ratio (under grpo's advantage)."""
     recs = run_records(run_dir)
     traj = {0: 0}
     tok = {0: 0}
@@ -115,7 +116,10 @@ def curve(run_dir: Path, env_name: str, key: str = "mean@k") -> dict[str, np.nda
     return {"step": steps, "trajectories": np.array([traj[s] for s in steps]), "tokens": np.array([tok[s] for s in steps]),
             "acc": np.array([a for _, a in pts], dtype=np.float64),
             "effective_ratio": np.array([r["effective_ratio"] for r in recs if "effective_ratio" in r]),
-            "effective_sample_ratio": np.array([r["effective_sample_ratio"] for r in recs if "effective_sample_ratio" in r])}
+            # under grpo's advantage whatever the run trained with, so rows compare; runs logged before
+            # the per-advantage ratios have only their own
+            "effective_sample_ratio": np.array([r.get("effective_sample_ratio/grpo", r["effective_sample_ratio"])
+                                                for r in recs if "effective_sample_ratio" in r])}
 
 
 def trajectories_to_reach(c: dict[str, np.ndarray], target: float, x: str = "trajectories") -> float:
@@ -220,7 +224,7 @@ def plot(curves: dict[str, list[dict[str, np.ndarray]]], title: str, path: Path)
 
 
 def report(name: str, cmp: dict[str, Any], seconds: float) -> list[str]:
-    lines = [f"## {name}", "", "| seed | SFT/start | trace final | grpo final | trace gain | grpo gain | trace ER | grpo ER | trace ESR | grpo ESR | trajectory ratio | token ratio |",
+    lines = [f"## {name}", "", "| seed | SFT/start | trace final | grpo final | trace gain | grpo gain | trace ER | grpo ER | trace ESR (grpo adv.) | grpo ESR | trajectory ratio | token ratio |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, s in enumerate(cmp["seeds"]):
         lines.append(f"| {i} | {s['start']:.3f} | {s['trace_final']:.3f} | {s['grpo_final']:.3f} | {s['trace_gain']:+.3f} | {s['grpo_gain']:+.3f} | "

@@ -255,6 +255,27 @@ def test_train_bench_reuses_only_a_finished_run_of_the_same_config(tmp_path):
     assert not tb.finished_run(run, cfg, overrides, threads=1)
 
 
+def test_train_bench_reads_every_rows_esr_under_grpos_advantage(tmp_path):
+    """A row trained with another advantage (trace's, here) is compared with grpo's on the
+    effective sample ratio under grpo's advantage, as the README's tables give it, not under
+    its own."""
+    import json
+
+    from trainers.config import load_config
+    from trainers.rl import RLTrainer
+
+    tb = _benchmark_module("train_bench")
+    run = tmp_path / "run"
+    overrides = ["seed=0", f"output_dir={run}", "steps=3", "eval.every=5", "budget.trajectories=64", "budget.prompts=16",
+                 "log.tensorboard=false", "advantage=trace", "model.threads=1", "log.progress=false"]
+    RLTrainer(load_config(str(tb.ROOT / "configs" / "contrastlab.yaml"), overrides), log=lambda m: None).train()
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if "effective_sample_ratio" in r]
+    assert len(steps) == 3
+    assert list(tb.curve(run, "ContrastLab-v0")["effective_sample_ratio"]) == [r["effective_sample_ratio/grpo"] for r in steps]
+    assert any(r["effective_sample_ratio/grpo"] != r["effective_sample_ratio"] for r in steps)  # else this proves nothing
+
+
 def test_train_bench_pairs_final_accuracy_by_seed():
     """The quick preset's summary pairs every row's final held-out accuracy with grpo's on the
     same seed and, with variants, with the default trace's: the README's paired columns."""
