@@ -225,6 +225,10 @@ class TraceAllocator(Allocator):
             default: half of the budget's ``group_size`` G, and at least its
             ``min_per_prompt``; with ``root_fraction`` 0.5 stage 1 then samples at most
             M / G prompts, as many as GRPO's groups).
+        m_max: most stage-1 rollouts of a prompt: None (the default: the budget's
+            ``max_per_prompt``, no cap unless it sets one), an integer at least ``m_min``, or
+            ``"m_min"`` (exactly ``m_min`` for every selected prompt: stage 1 then samples
+            ``M_root / m_min`` prompts whenever that many candidates are left).
         root_fraction: stage 1's share of M (None: the budget's ``root_fraction``).
         seed: seeds the uniform stages.
     """
@@ -235,7 +239,7 @@ class TraceAllocator(Allocator):
 
     def __init__(self, stage1: str = "active", stage2: str = "active", k_max: int = 0, rounds: int = 1,
                  scope: str = "subtree", uncertainty: bool = True, m_min: int | float | str = "half-group",
-                 root_fraction: float | None = None, rescue: int = 0, seed: int = 0):
+                 root_fraction: float | None = None, rescue: int = 0, seed: int = 0, m_max: int | str | None = None):
         super().__init__(seed)
         if isinstance(rescue, bool) or not isinstance(rescue, int) or rescue < 0:
             raise ValueError(f"rescue must be an integer >= 0 (rounds of single rollouts; 0: off), got {rescue!r}")
@@ -247,7 +251,11 @@ class TraceAllocator(Allocator):
                              f"{M_MIN_RULES}, got {m_min!r}")
         if root_fraction is not None and not 0.0 < root_fraction <= 1.0:
             raise ValueError(f"root_fraction must be in (0, 1] (or None: the budget's), got {root_fraction}")
-        self.m_min, self.root_fraction = m_min, root_fraction
+        if m_max is not None and m_max != "m_min" and (isinstance(m_max, bool) or not isinstance(m_max, int) or m_max < 1):
+            raise ValueError(f"m_max must be None (the budget's max_per_prompt), an integer >= 1 or 'm_min', got {m_max!r}")
+        if isinstance(m_max, int) and isinstance(m_min, int) and m_max < m_min:
+            raise ValueError(f"m_max ({m_max}) must be at least m_min ({m_min})")
+        self.m_min, self.m_max, self.root_fraction = m_min, m_max, root_fraction
         for label, stage, allowed in (("stage1", stage1, STAGES1), ("stage2", stage2, STAGES2)):
             if stage not in allowed:
                 raise ValueError(f"{label} must be one of {allowed}, got {stage!r}")
@@ -287,8 +295,8 @@ class TraceAllocator(Allocator):
         return mean, np.asarray(conc, dtype=np.float64)
 
     def stage1_budget(self, budget: Budget) -> Budget:
-        """``budget`` with this allocator's own stage-1 settings (``m_min``, ``root_fraction``;
-        ``stage2="none"``: stage 1 spends all of M)."""
+        """``budget`` with this allocator's own stage-1 settings (``m_min``, ``m_max``,
+        ``root_fraction``; ``stage2="none"``: stage 1 spends all of M)."""
         changes: dict[str, Any] = {}
         if isinstance(self.m_min, float):
             # the tolerance keeps 0.3 x 10 at 3: the float product is 3.0000000000000004
@@ -300,6 +308,11 @@ class TraceAllocator(Allocator):
             changes["min_per_prompt"] = m_min
             if budget.max_per_prompt is not None:
                 changes["max_per_prompt"] = max(budget.max_per_prompt, m_min)
+        if self.m_max is not None:
+            m_max = m_min if self.m_max == "m_min" else self.m_max
+            if m_max < m_min:
+                raise ValueError(f"m_max ({m_max}) must be at least m_min ({m_min}, from m_min={self.m_min!r} and the budget)")
+            changes["max_per_prompt"] = m_max
         if self.root_fraction is not None:
             changes["root_fraction"] = self.root_fraction
         if self.stage2 == "none":
@@ -391,6 +404,6 @@ class TracePaperAllocator(TraceAllocator):
 
     def __init__(self, stage1: str = "paper", stage2: str = "active", k_max: int = 0, rounds: int = 1,
                  scope: str = "subtree", uncertainty: bool = False, m_min: int | float | str = "budget",
-                 root_fraction: float | None = None, rescue: int = 0, seed: int = 0):
+                 root_fraction: float | None = None, rescue: int = 0, seed: int = 0, m_max: int | str | None = None):
         super().__init__(stage1=stage1, stage2=stage2, k_max=k_max, rounds=rounds, scope=scope, uncertainty=uncertainty,
-                         m_min=m_min, root_fraction=root_fraction, rescue=rescue, seed=seed)
+                         m_min=m_min, root_fraction=root_fraction, rescue=rescue, seed=seed, m_max=m_max)

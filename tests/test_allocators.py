@@ -28,6 +28,7 @@ SPECS = [
     ("pcl", {}), ("knapsack", {"n_max": 8}),
     ("oracle", {}), ("oracle-er", {}), ("greso", {}), ("vip", {}), ("trace", {"stage2": "none"}),
     ("trace", {"stage1": "paper", "scope": "tree"}), ("trace-paper", {}), ("trace", {"rescue": 4}),
+    ("trace", {"m_max": "m_min"}),
 ]
 
 
@@ -461,6 +462,39 @@ class _RootBeliefs:
     def predict_beta(self, histories):
         mean = np.array([self.means[h.task_id] if not h.steps else 0.5 for h in histories])
         return mean, np.full(mean.size, self.concentration)
+
+
+def test_trace_m_max_caps_stage_one_groups(world):
+    """``m_max``: the most stage-1 rollouts one prompt gets; ``"m_min"`` makes every selected
+    prompt's group exactly m_min, so stage 1 samples M_root / m_min prompts where the
+    uncapped rule concentrates on the prompts it believes nearest 1/2."""
+    ids = [c.task_id for c in world.candidates(np.arange(16))]
+    means = {t: (0.5 if i < 4 else 0.05) for i, t in enumerate(ids)}  # four even prompts, twelve nearly hopeless
+    budget = Budget(32, group_size=4)  # M_root = 16, m_min = G/2 = 2
+
+    def plan(**kw):
+        f = Forest()
+        add_candidates(f, world.candidates(np.arange(16)))
+        return trace_gym.make_allocator("trace", **kw).plan_roots(f, budget, _RootBeliefs(means, 50.0))
+
+    free, capped, three = plan(), plan(m_max="m_min"), plan(m_max=3)
+    assert free.sum() == capped.sum() == three.sum() == 16
+    assert free.max() > 3 and (free > 0).sum() < 8  # uncapped: more than 3 on the even prompts, fewer prompts
+    assert sorted(capped[capped > 0].tolist()) == [2] * 8  # exactly pairs, on 8 prompts
+    assert (capped[:4] == 2).all()  # the even prompts first
+    assert three.max() == 3 and set(three[three > 0].tolist()) <= {2, 3}
+    # the budget's own cap still applies when m_max is unset
+    f = Forest()
+    add_candidates(f, world.candidates(np.arange(16)))
+    capped_budget = Budget(32, group_size=4, max_per_prompt=2)
+    assert trace_gym.make_allocator("trace").plan_roots(f, capped_budget, _RootBeliefs(means, 50.0)).max() == 2
+    for bad in (0, -1, True, 1.5, "m_max"):
+        with pytest.raises(ValueError, match="m_max"):
+            trace_gym.make_allocator("trace", m_max=bad)
+    with pytest.raises(ValueError, match="at least m_min"):
+        trace_gym.make_allocator("trace", m_min=3, m_max=2)
+    with pytest.raises(ValueError, match="at least m_min"):  # G/2 = 4 here, above the cap of 3
+        trace_gym.make_allocator("trace", m_max=3).plan_roots(Forest(), Budget(32, group_size=8), None)
 
 
 def test_trace_rescue_spends_single_rollouts_on_pure_prompts_worth_mixing(world):
