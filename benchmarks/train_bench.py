@@ -103,7 +103,7 @@ def weights_digest(warm_log: Path) -> str | None:
 
 def curve(run_dir: Path, env_name: str, key: str = "mean@k") -> dict[str, np.ndarray]:
     """Held-out accuracy of a run against cumulative trajectories and tokens, and its per-step
-    effective ratio and effective sample ratio (under grpo's advantage)."""
+    effective ratio, effective sample ratio (under grpo's advantage) and prompts sampled."""
     recs = run_records(run_dir)
     traj = {0: 0}
     tok = {0: 0}
@@ -119,7 +119,8 @@ def curve(run_dir: Path, env_name: str, key: str = "mean@k") -> dict[str, np.nda
             # under grpo's advantage whatever the run trained with, so rows compare; runs logged before
             # the per-advantage ratios have only their own
             "effective_sample_ratio": np.array([r.get("effective_sample_ratio/grpo", r["effective_sample_ratio"])
-                                                for r in recs if "effective_sample_ratio" in r])}
+                                                for r in recs if "effective_sample_ratio" in r]),
+            "prompts": np.array([r["spent/prompts"] for r in recs if "effective_ratio" in r and "spent/prompts" in r])}
 
 
 def trajectories_to_reach(c: dict[str, np.ndarray], target: float, x: str = "trajectories") -> float:
@@ -186,6 +187,32 @@ def compare(curves: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Any]:
     mean["trajectory_ratio_interval"] = bootstrap_interval(curves["trace"], curves["grpo"], "trajectories", target=0.5)
     out["mean"] = mean
     return out
+
+
+def contrast_table(curves: dict[str, list[dict[str, np.ndarray]]]) -> list[str]:
+    """Markdown: per row, the prompts it sampled a step, how many of them were mixed (both a
+    success and a failure: the prompts with contrast), its effective sample ratio under
+    grpo's advantage and its final held-out accuracy, means over seeds and steps; then how the
+    final accuracy follows the other columns over the rows (Pearson r of the row means)."""
+    head = ["row", "prompts a step", "mixed prompts a step", "ESR (grpo adv.)", "final acc."]
+    lines = ["### Contrast: on how many prompts, and on how many trajectories", "",
+             "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    cols: dict[str, list[float]] = {"mixed": [], "esr": [], "final": []}
+    for name, cs in curves.items():
+        runs = [c for c in cs if c["prompts"].size]
+        if not runs:  # runs logged before prompts were recorded
+            continue
+        prompts = float(np.mean([c["prompts"].mean() for c in runs]))
+        mixed = float(np.mean([(c["prompts"] * c["effective_ratio"][: c["prompts"].size]).mean() for c in runs]))
+        esr, final = float(np.mean([c["effective_sample_ratio"].mean() for c in runs])), float(np.mean([c["acc"][-1] for c in runs]))
+        for k, v in (("mixed", mixed), ("esr", esr), ("final", final)):
+            cols[k].append(v)
+        lines.append(f"| {name} | {prompts:.2f} | {mixed:.2f} | {esr:.3f} | {final:.3f} |")
+    if len(cols["final"]) >= 3:
+        r = {k: float(np.corrcoef(cols[k], cols["final"])[0, 1]) for k in ("mixed", "esr")}
+        lines += ["", f"over the {len(cols['final'])} rows, Pearson r of the final accuracy with the mixed prompts a step "
+                      f"{r['mixed']:+.2f}, with the ESR {r['esr']:+.2f}"]
+    return lines + [""]
 
 
 def paired_finals(finals: dict[str, dict[int, float]]) -> list[str]:
@@ -364,7 +391,7 @@ def quick(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str
         lines.insert(-1, f"{reused} of {len(jobs)} runs reused from --out (finished, same config fingerprint)"
                      + (f"; {reuse_note}" if reuse_note else ""))
     cmp["finals"] = finals
-    return cmp, lines + paired_finals(finals)
+    return cmp, lines + paired_finals(finals) + contrast_table(curves)
 
 
 def smollm2(args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], list[str]]:
