@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 pytestmark = pytest.mark.slow
@@ -332,6 +333,39 @@ def test_nan_behaviour_logprobs_with_is_correction_name_the_backend(tmp_path, mo
     record = trainer.step()
     assert record["update/trained_tokens"] > 0
     assert all(math.isfinite(record[k]) for k in ("update/loss", "update/grad_norm", "update/behaviour_logp_gap"))
+
+
+def test_policy_encoder_predictor_reads_the_updated_weights(tmp_path, monkeypatch):
+    """predictor lm:encoder=policy encodes histories with the policy being trained: after a
+    step's update it sees that step's weights, not embeddings cached from the weights before;
+    where it cannot (async updates, the simulated policy) the trainer refuses by name."""
+    pytest.importorskip("transformers")
+    from trace_gym.forest.forest import History
+    from trace_gym.trainers.config import RLConfig
+    from trace_gym.trainers.rl import RLTrainer
+
+    monkeypatch.setenv("TRACE_GYM_CACHE", str(CACHE))
+    # the micro warm start (shared with the other tests) has mixed rewards from the first step
+    base = {**json.loads(json.dumps(MICRO)), "output_dir": str(tmp_path / "run"), "predictor": "lm:encoder=policy"}
+    trainer = RLTrainer(RLConfig.model_validate(base), log=_quiet)
+    history = History(task_id="probe", prompt="Pick the option that wins.", steps=("option 1",), max_turns=2)
+    before = trainer.predictor.features([history]).clone()
+    assert torch.equal(trainer.predictor.features([history]), before)  # cached while the weights stand
+    weights = [p.detach().clone() for p in trainer.model.parameters()]
+    for _ in range(6):  # a step whose rewards are all equal trains nothing: step until one does
+        trainer.step()
+        if not all(torch.equal(w, p) for w, p in zip(weights, trainer.model.parameters())):
+            break
+    else:
+        pytest.fail("six steps left the policy's weights unchanged")
+    after = trainer.predictor.features([history])
+    assert not torch.allclose(after, before)
+    assert torch.equal(trainer.predictor.features([history]), after)
+
+    for changes, message in (({"rollout": {"max_new_tokens": 12, "mode": "async"}}, "rollout.mode=async"),
+                             ({"model": {"name": "sim"}, "sft": {"enabled": False}}, "transformer policy")):
+        with pytest.raises(ValueError, match=message):
+            RLTrainer(RLConfig.model_validate({**base, **changes}), log=_quiet)
 
 
 def test_a_step_with_failed_generations_warns_with_the_error(tmp_path, monkeypatch):

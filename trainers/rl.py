@@ -179,7 +179,14 @@ class RLTrainer:
         resolved = resolve_run(cfg.run_spec())
         self.allocator, self.predictor, self.budget = resolved.allocator, resolved.predictor, resolved.budget
         self.advantage = resolved.advantage
-        if self.predictor is not None and getattr(self.predictor, "encoder_name", None) == "policy":
+        self._policy_encoder = self.predictor is not None and getattr(self.predictor, "encoder_name", None) == "policy"
+        if self._policy_encoder:
+            if self.sim:
+                raise ValueError("predictor lm with encoder=policy needs a transformer policy; model.name 'sim' has none "
+                                 "(use encoder=minilm or another predictor)")
+            if cfg.rollout.mode == "async":
+                raise ValueError("predictor lm with encoder=policy cannot run with rollout.mode=async: it encodes histories with the "
+                                 "weights the overlapping update is changing (use mode sync, or another encoder)")
             self.predictor.attach(self.model, self.tokenizer)
         r = cfg.rollout
         if self.sim and cfg.model.sim_fast and not r.streaming:
@@ -578,6 +585,8 @@ class RLTrainer:
         """The policy update of a step (5) and the weight sync (6)."""
         out = self._update_policy(forest, adv)
         self._sync_weights()
+        if self._policy_encoder:  # its cached embeddings came from the weights before this update
+            self.predictor.refresh()
         return out
 
     def _step_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:

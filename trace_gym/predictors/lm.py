@@ -27,7 +27,9 @@ Encoders:
 * a local directory or hub id of any encoder ``AutoModel`` loads (mean pooling);
 * ``"policy"``: the policy's own backbone, frozen (no gradient flows from the predictor);
   the trainer hands it over with :meth:`LMPredictor.attach` and calls :meth:`refresh`
-  after each policy update, since its features then change.
+  after each policy update, since its features then change (the replay buffer keeps the
+  features its pairs had when stored). Synchronous training only: an overlapping update
+  would change the weights while they encode.
 """
 
 from __future__ import annotations
