@@ -103,7 +103,8 @@ def weights_digest(warm_log: Path) -> str | None:
 
 def curve(run_dir: Path, env_name: str, key: str = "mean@k") -> dict[str, np.ndarray]:
     """Held-out accuracy of a run against cumulative trajectories and tokens, and its per-step
-    effective ratio, effective sample ratio (under grpo's advantage) and prompts sampled."""
+    effective ratio, effective sample ratio (under grpo's advantage), prompts sampled and its
+    predictor's AUC at the roots (steps where it is defined)."""
     recs = run_records(run_dir)
     traj = {0: 0}
     tok = {0: 0}
@@ -120,7 +121,10 @@ def curve(run_dir: Path, env_name: str, key: str = "mean@k") -> dict[str, np.nda
             # the per-advantage ratios have only their own
             "effective_sample_ratio": np.array([r.get("effective_sample_ratio/grpo", r["effective_sample_ratio"])
                                                 for r in recs if "effective_sample_ratio" in r]),
-            "prompts": np.array([r["spent/prompts"] for r in recs if "effective_ratio" in r and "spent/prompts" in r])}
+            "prompts": np.array([r["spent/prompts"] for r in recs if "effective_ratio" in r and "spent/prompts" in r]),
+            # how well the predictor ranked the step's prompts before their outcomes (rows without one: empty)
+            "root_auc": np.array([r["predictor/root_auc"] for r in recs
+                                  if np.isfinite(r.get("predictor/root_auc", float("nan")))])}
 
 
 def trajectories_to_reach(c: dict[str, np.ndarray], target: float, x: str = "trajectories") -> float:
@@ -192,9 +196,10 @@ def compare(curves: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Any]:
 def contrast_table(curves: dict[str, list[dict[str, np.ndarray]]]) -> list[str]:
     """Markdown: per row, the prompts it sampled a step, how many of them were mixed (both a
     success and a failure: the prompts with contrast), its effective sample ratio under
-    grpo's advantage and its final held-out accuracy, means over seeds and steps; then how the
-    final accuracy follows the other columns over the rows (Pearson r of the row means)."""
-    head = ["row", "prompts a step", "mixed prompts a step", "ESR (grpo adv.)", "final acc."]
+    grpo's advantage, its predictor's AUC at the roots (blank without a predictor) and its final
+    held-out accuracy, means over seeds and steps; then how the final accuracy follows the
+    other columns over the rows (Pearson r of the row means)."""
+    head = ["row", "prompts a step", "mixed prompts a step", "ESR (grpo adv.)", "root AUC", "final acc."]
     lines = ["### Contrast: on how many prompts, and on how many trajectories", "",
              "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     cols: dict[str, list[float]] = {"mixed": [], "esr": [], "final": []}
@@ -207,7 +212,9 @@ def contrast_table(curves: dict[str, list[dict[str, np.ndarray]]]) -> list[str]:
         esr, final = float(np.mean([c["effective_sample_ratio"].mean() for c in runs])), float(np.mean([c["acc"][-1] for c in runs]))
         for k, v in (("mixed", mixed), ("esr", esr), ("final", final)):
             cols[k].append(v)
-        lines.append(f"| {name} | {prompts:.2f} | {mixed:.2f} | {esr:.3f} | {final:.3f} |")
+        aucs = [c["root_auc"].mean() for c in runs if c.get("root_auc", np.zeros(0)).size]
+        auc = f"{np.mean(aucs):.2f}" if aucs else ""
+        lines.append(f"| {name} | {prompts:.2f} | {mixed:.2f} | {esr:.3f} | {auc} | {final:.3f} |")
     if len(cols["final"]) >= 3:
         r = {k: float(np.corrcoef(cols[k], cols["final"])[0, 1]) for k in ("mixed", "esr")}
         lines += ["", f"over the {len(cols['final'])} rows, Pearson r of the final accuracy with the mixed prompts a step "

@@ -275,26 +275,28 @@ def test_train_bench_reads_every_rows_esr_under_grpos_advantage(tmp_path):
     assert list(tb.curve(run, "ContrastLab-v0")["effective_sample_ratio"]) == [r["effective_sample_ratio/grpo"] for r in steps]
     assert any(r["effective_sample_ratio/grpo"] != r["effective_sample_ratio"] for r in steps)  # else this proves nothing
     assert list(tb.curve(run, "ContrastLab-v0")["prompts"]) == [r["spent/prompts"] for r in steps]
+    aucs = [r["predictor/root_auc"] for r in steps if r["predictor/root_auc"] == r["predictor/root_auc"]]  # NaN: one class
+    assert aucs and list(tb.curve(run, "ContrastLab-v0")["root_auc"]) == aucs
 
 
 def test_train_bench_counts_the_prompts_with_contrast():
     """The contrast table: per row, prompts a step, the mixed ones among them (prompts x
-    effective ratio), the ESR and the final accuracy, with how the final accuracy follows the
+    effective ratio), the ESR, the predictor's root AUC (blank for grpo) and the final accuracy, with how the final accuracy follows the
     mixed prompts and the ESR over the rows."""
     import numpy as np
 
     tb = _benchmark_module("train_bench")
 
-    def run(prompts, er, esr, final):
+    def run(prompts, er, esr, final, auc=()):
         return {"prompts": np.array(prompts, float), "effective_ratio": np.array(er), "effective_sample_ratio": np.array(esr),
-                "acc": np.array([0.3, final])}
+                "acc": np.array([0.3, final]), "root_auc": np.array(auc, float)}
 
-    curves = {"trace": [run([6, 6], [0.5, 0.5], [0.6, 0.6], 0.50), run([6, 6], [0.5, 0.5], [0.6, 0.6], 0.52)],
-              "wide": [run([8, 8], [0.5, 0.25], [0.4, 0.4], 0.55)],
+    curves = {"trace": [run([6, 6], [0.5, 0.5], [0.6, 0.6], 0.50, [0.5, 0.6]), run([6, 6], [0.5, 0.5], [0.6, 0.6], 0.52, [0.7])],
+              "wide": [run([8, 8], [0.5, 0.25], [0.4, 0.4], 0.55, [0.8, 0.9])],
               "grpo": [run([8, 8], [0.5, 0.5], [0.5, 0.5], 0.60)]}
     text = "\n".join(tb.contrast_table(curves))
-    assert "| trace | 6.00 | 3.00 | 0.600 | 0.510 |" in text and "| wide | 8.00 | 3.00 | 0.400 | 0.550 |" in text
-    assert "| grpo | 8.00 | 4.00 | 0.500 | 0.600 |" in text
+    assert "| trace | 6.00 | 3.00 | 0.600 | 0.62 | 0.510 |" in text and "| wide | 8.00 | 3.00 | 0.400 | 0.85 | 0.550 |" in text
+    assert "| grpo | 8.00 | 4.00 | 0.500 |  | 0.600 |" in text
     r_mixed = np.corrcoef([3, 3, 4], [0.51, 0.55, 0.60])[0, 1]
     r_esr = np.corrcoef([0.6, 0.4, 0.5], [0.51, 0.55, 0.60])[0, 1]
     assert f"mixed prompts a step {r_mixed:+.2f}, with the ESR {r_esr:+.2f}" in text
