@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -317,3 +318,38 @@ def test_train_bench_pairs_final_accuracy_by_seed():
     # without variants there is no default to pair against: grpo only
     only = "\n".join(tb.paired_finals({"trace": finals["trace"], "grpo": finals["grpo"]}))
     assert "row − grpo" in only and "row − trace" not in only
+
+
+def test_difficulty_spread_estimates_what_choosing_prompts_can_gain():
+    """difficulty_spread: the unbiased P(mixed) of a group from a held-out half, the root-AUC
+    ceiling from each prompt's other episodes, and prompts chosen by rate mixing more often
+    than random ones only when the rates differ."""
+    import itertools
+
+    import numpy as np
+
+    ds = _benchmark_module("difficulty_spread")
+    # exact: over every outcome set of 8 episodes, the estimate's mean is 1 - p^4 - (1-p)^4
+    p = 0.3
+    mean = sum(p ** sum(o) * (1 - p) ** (8 - sum(o)) * ds.mixed_probability(np.array([sum(o)]), 8, 4)[0]
+               for o in itertools.product((0, 1), repeat=8))
+    assert abs(mean - (1 - p ** 4 - (1 - p) ** 4)) < 1e-12
+    assert list(ds.mixed_probability(np.array([0, 8, 4]), 8, 4)[:2]) == [0.0, 0.0]
+    with pytest.raises(ValueError, match="group=4"):
+        ds.mixed_probability(np.array([1]), 3, 4)
+
+    rng = np.random.default_rng(0)
+    steps = np.repeat(np.arange(4), 32)
+    # half the prompts never solved, half solved with probability 1/2: a rate tells them apart
+    rates = np.tile(np.r_[np.zeros(16), np.full(16, 0.5)], 4)
+    outcomes = (rng.random((128, 16)) < rates[:, None]).astype(float)
+    assert ds.loo_auc(outcomes) > 0.7
+    lines = ds.report(outcomes, steps, group=4, per_step=8)
+    random_mix, chosen_mix = (float(x) for x in re.search(r"random \(grpo\) ([\d.]+), chosen by .* ([\d.]+) \(", lines[3]).groups())
+    assert chosen_mix > 1.6 * random_mix  # random: half of 8 prompts can mix; chosen: nearly all 8
+    assert "all failed 50%" in lines[1]
+    # every prompt alike: nothing to choose, and no predictor beats chance
+    same = (rng.random((128, 16)) < 0.5).astype(float)
+    assert abs(ds.loo_auc(same) - 0.5) < 0.05
+    random_mix, chosen_mix = (float(x) for x in re.search(r"random \(grpo\) ([\d.]+), chosen by .* ([\d.]+) \(", ds.report(same, steps, 4, 8)[3]).groups())
+    assert abs(chosen_mix - random_mix) < 0.3
