@@ -29,6 +29,7 @@ It measures the policy before RL only. Torch runs with ``--threads`` threads (de
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shutil
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the run seed whose candidate draw is sampled")
     ap.add_argument("--k", type=int, default=16, help="episodes per prompt (at least 2 x budget.group_size)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--json", default=None, metavar="FILE", help="also write every prompt, its step and its outcomes here")
     args = ap.parse_args(argv)
 
     import torch
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
     src = env.tasks()
     size = int(src.size("train"))
-    outcomes, step_of = [], []
+    outcomes, step_of, prompts = [], [], []
     for step in steps:
         tasks = [src.get(i, "train") for i in candidate_indices(cfg.seed, step, size, cfg.budget.prompts)]
         engine = RolloutEngine(env, policy, replace(params, seed=step_seed(cfg.seed, step)), on_error="record")
@@ -150,9 +152,15 @@ def main(argv: list[str] | None = None) -> int:
             filled[tree] += 1
         outcomes.append(per_tree)
         step_of += [step] * len(tasks)
+        prompts += [t.prompt for t in tasks]
         print(f"step {step}: {len(tasks)} prompts x {args.k} episodes ({time.perf_counter() - t0:.0f} s)", flush=True)
     for line in report(np.concatenate(outcomes), np.asarray(step_of), group, per_step, seed=args.seed):
         print(line)
+    if args.json:
+        rows = [{"step": st, "prompt": pr, "outcomes": o.astype(int).tolist()}
+                for st, pr, o in zip(step_of, prompts, np.concatenate(outcomes))]
+        with open(args.json, "w") as fh:
+            json.dump({"config": args.config, "set": args.set, "seed": args.seed, "k": args.k, "prompts": rows}, fh, indent=1)
     shutil.rmtree(scratch, ignore_errors=True)
     return 0
 

@@ -199,6 +199,39 @@ def test_hashed_state_round_trip_and_bad_targets():
         trace_gym.make_predictor("hashed", bits=30)
 
 
+def test_hashed_shapes_generalise_over_numbers_and_operators():
+    """shapes=True: an operator symbol is a feature and a number counts by its digits, so a
+    rule like "division fails, addition of small numbers succeeds" carries over to prompts
+    with numbers never seen; the plain words (the default) see neither and stay at chance.
+    The default's features are unchanged, and a checkpoint holds which features it has."""
+    rng = np.random.default_rng(0)
+
+    def prompts(n, held_out):  # held-out prompts use numbers no training prompt has
+        out, ys = [], []
+        for _ in range(n):
+            if rng.random() < 0.5:
+                a, b = (rng.integers(1000, 2000), rng.integers(31, 50)) if held_out else (rng.integers(100, 1000), rng.integers(11, 31))
+                out.append(f"What is {a} \u00f7 {b}?"), ys.append(0.0)
+            else:
+                a, b = rng.integers(50, 100, size=2) if held_out else rng.integers(1, 50, size=2)
+                out.append(f"What is {a} + {b}?"), ys.append(1.0)
+        return [History(f"t/{i}/{p}", p, max_turns=4) for i, p in enumerate(out)], np.array(ys)
+
+    train, y = prompts(400, held_out=False)
+    test, y_test = prompts(200, held_out=True)
+    plain, shaped = trace_gym.make_predictor("hashed", seed=0), trace_gym.make_predictor("hashed", seed=0, shapes=True)
+    for pred in (plain, shaped):
+        pred.update(train, y)
+    assert auc(shaped.predict(test), y_test) > 0.95
+    assert auc(plain.predict(test), y_test) < 0.7
+    assert shaped._prompt_ids("What is 1188 \u00f7 18?").size == plain._prompt_ids("What is 1188 \u00f7 18?").size + 6
+    # the default reads what it always read: words of [a-z0-9_]
+    assert plain._words("Compute (3 + 4)!") == (["compute", "3", "4"], [])
+    assert shaped._words("Compute (3 + 4)!") == (["compute", "(", "#1", "+", "#1", ")", "!"], ["3", "4"])
+    with pytest.raises(ValueError, match="shapes"):
+        trace_gym.make_predictor("hashed", seed=0).load_state_dict(shaped.state_dict())
+
+
 # ----------------------------------------------------------------------------- hashed: empirical-Bayes root counts
 
 

@@ -10,7 +10,12 @@ The features of a history H (prompt + turns so far), each hashed into ``2**bits`
 * the unigrams and bigrams of the *last* turn (action and observation), alone and crossed
   with the turns remaining.
 
-Words are lower-cased runs of ``[a-z0-9_]``. Feature lists are cached per prompt and per
+Words are lower-cased runs of ``[a-z0-9_]``. With ``shapes=True`` every other non-space
+character (an operator, a bracket, a currency sign) is a word too, and a number (a run of
+digits) stands as its shape ``#<digits>`` in the word sequence, its literal value added as a
+unigram: so "What is 1188 ÷ 18?" gives the unigrams ``what is #4 ÷ #2 ? 1188 18`` and the
+bigrams ``what is``, ``is #4``, ``#4 ÷``, ``÷ #2``, ``#2 ?``, which carry over to prompts
+whose numbers the predictor has never seen. Feature lists are cached per prompt and per
 turn text. Training is weighted logistic regression on (H, V_hat) pairs with AdaGrad,
 ``epochs`` shuffled passes per :meth:`~HashedPredictor.update` (online: each call continues
 from the current weights); sample weights are normalised to mean 1 within a call.
@@ -62,6 +67,7 @@ from trace_gym.predictors.base import Predictor
 from trace_gym.predictors import register
 
 _WORD = re.compile(r"[a-z0-9_]+")
+_TOKEN = re.compile(r"[a-z0-9_]+|[^\sa-z0-9_]")  # with shapes: words, and every other non-space character
 
 
 @nb.njit(cache=True, nogil=True)
@@ -148,13 +154,15 @@ class HashedPredictor(Predictor):
             by the counts' prequential likelihood).
         count_decay: factor in (0, 1] applied to every prompt's counts per update (1: keep
             all; below 1 forgets old outcomes of a changing policy).
+        shapes: symbols as words and numbers by their digit count (see the module
+            docstring); False (the default) reads words of ``[a-z0-9_]`` only.
     """
 
     name = "hashed"
 
     def __init__(self, bits: int = 18, lr: float = 0.1, l2: float = 1e-6, epochs: int = 2, seed: int = 0,
                  max_cache: int = 200_000, counts: bool = False, prior_strength: float | None = None,
-                 count_decay: float = 1.0):
+                 count_decay: float = 1.0, shapes: bool = False):
         if not 8 <= bits <= 26:
             raise ValueError(f"bits must be in [8, 26], got {bits}")
         if lr <= 0 or l2 < 0 or epochs < 1:
@@ -164,6 +172,7 @@ class HashedPredictor(Predictor):
         if not 0.0 < count_decay <= 1.0:
             raise ValueError(f"count_decay must be in (0, 1], got {count_decay}")
         self.counts = bool(counts)
+        self.shapes = bool(shapes)
         self.prior_strength = None if prior_strength is None else float(prior_strength)
         self.count_decay = float(count_decay)
         # per prompt: [successes, outcomes, update index of the last change] (decay is lazy)
@@ -188,18 +197,27 @@ class HashedPredictor(Predictor):
         m = self.mask
         return np.array([_hash(n, m) for n in names], dtype=np.int64)
 
+    def _words(self, text: str) -> tuple[list[str], list[str]]:
+        """``(sequence, extra unigrams)`` of ``text``: its words in order (bigrams are read
+        from these), and with ``shapes`` the literal numbers the sequence shows as shapes."""
+        if not self.shapes:
+            return _WORD.findall(text.lower()), []
+        tokens = _TOKEN.findall(text.lower())
+        return [f"#{len(t)}" if t.isdigit() else t for t in tokens], [t for t in tokens if t.isdigit()]
+
     def _prompt_ids(self, prompt: str) -> np.ndarray:
         ids = self._prompt.get(prompt)
         if ids is None:
-            words = _WORD.findall(prompt.lower())
-            ids = self._ids(["bias"] + ["p:" + x for x in words] + [f"p2:{a} {b}" for a, b in zip(words, words[1:])])
+            words, extra = self._words(prompt)
+            ids = self._ids(["bias"] + ["p:" + x for x in words + extra] + [f"p2:{a} {b}" for a, b in zip(words, words[1:])])
             self._prompt[prompt] = ids
         return ids
 
     def _step_ids(self, text: str) -> np.ndarray:
         ids = self._step.get(text)
         if ids is None:
-            ids = self._ids(["s:" + x for x in sorted(set(_WORD.findall(text.lower())))])
+            words, extra = self._words(text)
+            ids = self._ids(["s:" + x for x in sorted(set(words + extra))])
             self._step[text] = ids
         return ids
 
@@ -207,8 +225,8 @@ class HashedPredictor(Predictor):
         key = (text, left)
         ids = self._last.get(key)
         if ids is None:
-            words = _WORD.findall(text.lower())
-            uni = sorted(set(words))
+            words, extra = self._words(text)
+            uni = sorted(set(words + extra))
             bi = sorted({f"{a} {b}" for a, b in zip(words, words[1:])})
             ids = self._ids(["l:" + x for x in uni] + ["l2:" + x for x in bi] + [f"lr{left}:{x}" for x in uni])
             self._last[key] = ids
@@ -369,7 +387,7 @@ class HashedPredictor(Predictor):
         return loss
 
     def state_dict(self) -> dict[str, Any]:
-        return {"w": self.w.copy(), "g2": self.g2.copy(), "bits": self.bits, "n_updates": self.n_updates,
+        return {"w": self.w.copy(), "g2": self.g2.copy(), "bits": self.bits, "shapes": self.shapes, "n_updates": self.n_updates,
                 "rng": self.rng.bit_generator.state,
                 "root_counts": {k: list(v) for k, v in self.root_counts.items()},
                 "strength_loglik": self.strength_loglik.copy(), "n_root_updates": self.n_root_updates}
@@ -377,6 +395,8 @@ class HashedPredictor(Predictor):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if int(state["bits"]) != self.bits:
             raise ValueError(f"checkpoint has bits={state['bits']}, this predictor bits={self.bits}")
+        if bool(state.get("shapes", False)) != self.shapes:  # its weights belong to other features
+            raise ValueError(f"checkpoint has shapes={bool(state.get('shapes', False))}, this predictor shapes={self.shapes}")
         self.w = np.array(state["w"], dtype=np.float64)
         self.g2 = np.array(state["g2"], dtype=np.float64)
         self.n_updates = int(state["n_updates"])
