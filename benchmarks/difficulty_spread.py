@@ -23,6 +23,14 @@ same rollout engine as training. Then, per prompt, its success rate, and:
   the held-out half). The difference is what any rule that chooses prompts before sampling
   them (pcl, TRACE's stage 1) can gain on this policy.
 
+``--predictors hashed,hashed:shapes=true,lm`` then replays the steps for each predictor as
+pcl would use it on this frozen policy: each step it scores the step's candidates (its AUC
+over them, from one half of each prompt's episodes), picks the prompts predicted nearest 1/2
+and learns only from those prompts' first-half episodes; the prompts it picked are scored
+on their other half as above (mixed prompts a step, after the first quarter of the steps).
+So predictors can be compared on a real policy's prompts before any training run, and
+against the ceiling above.
+
 It measures the policy before RL only. Torch runs with ``--threads`` threads (default 1).
 """
 
@@ -94,20 +102,42 @@ def report(outcomes: np.ndarray, steps: np.ndarray, group: int, per_step: int, s
             f"chosen by a rate known from {half} episodes {np.mean(chosen):.2f} ({np.mean(chosen) / np.mean(grpo):.2f} x)"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="configs/quick.yaml")
-    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides (as trace-gym train's)")
-    ap.add_argument("--steps", default="1,2,3,4", help="whose candidates to sample (comma-separated step indices)")
-    ap.add_argument("--seed", type=int, default=0, help="the run seed whose candidate draw is sampled")
-    ap.add_argument("--k", type=int, default=16, help="episodes per prompt (at least 2 x budget.group_size)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads")
-    ap.add_argument("--json", default=None, metavar="FILE", help="also write every prompt, its step and its outcomes here")
-    args = ap.parse_args(argv)
+def replay(spec: str, outcomes: np.ndarray, steps: np.ndarray, prompts: list[str], group: int, per_step: int,
+           seed: int = 0) -> tuple[float, float]:
+    """``(mean AUC over each step's candidates, mixed prompts a step)`` of the predictor
+    ``spec`` replayed as the module docstring says (one split of each prompt's episodes)."""
+    from trace_gym.forest.forest import History
+    from trace_gym.predictors.base import make_predictor
+    from trace_gym.predictors.calibration import auc
+    from trace_gym.run import parse_options
 
-    import torch
+    name, kwargs = parse_options(spec, "predictor")
+    pred = make_predictor(name, **kwargs)
+    rng = np.random.default_rng(seed)
+    k = outcomes.shape[1]
+    half = k // 2
+    aucs, mixed = [], []
+    order = np.unique(steps)
+    for t, s in enumerate(order):
+        rows = np.flatnonzero(steps == s)
+        hist = [History(f"{s}/{i}", prompts[i], max_turns=0) for i in rows]
+        perm = rng.permutation(k)
+        learn, score = outcomes[rows][:, perm[:half]], outcomes[rows][:, perm[half:]]
+        p = np.asarray(pred.predict(hist), dtype=np.float64)
+        if t > 0:
+            a = auc(p, learn.mean(1), np.full(rows.size, float(half)))
+            if np.isfinite(a):
+                aucs.append(a)
+        pick = np.lexsort((rng.random(rows.size), np.abs(p - 0.5)))[:per_step]
+        if t >= len(order) // 4:
+            mixed.append(mixed_probability(score[pick].sum(1), k - half, group).sum())
+        pred.update([hist[i] for i in pick], learn[pick].mean(1), np.full(pick.size, float(half)))
+    return float(np.mean(aucs)) if aucs else float("nan"), float(np.mean(mixed))
 
-    torch.set_num_threads(args.threads)
+
+def sample(cfg, steps: list[int], k: int) -> tuple[np.ndarray, list[int], list[str]]:
+    """``(outcomes [prompts, k] of 0/1, step of each prompt, prompts)``: ``k`` episodes of each
+    candidate the run of ``cfg`` is offered at ``steps``, from its warm-started policy."""
     from dataclasses import replace
 
     from trace_gym.forest.forest import TERMINAL, Forest
@@ -115,19 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     from trace_gym.rollout.engine import RolloutEngine
     from trace_gym.rollout.source import step_seed
     from trace_gym.task import candidate_indices
-    from trace_gym.trainers.config import load_config
     from trace_gym.trainers.rl import RLTrainer
 
-    scratch = tempfile.mkdtemp(prefix="difficulty-spread-")  # the trainer's output folder: nothing is kept
-    cfg = load_config(args.config, [*args.set, f"seed={args.seed}", "log.progress=false", "log.tensorboard=false",
-                                    f"model.threads={args.threads}", f"output_dir={scratch}"])
-    if len(cfg.envs) != 1:
-        raise SystemExit("difficulty_spread samples one env's prompts: give a config with one env")
-    group, per_step = cfg.budget.group_size, cfg.budget.trajectories // cfg.budget.group_size
-    if args.k < 2 * group:
-        raise SystemExit(f"--k must be at least 2 x budget.group_size = {2 * group} (half picks, half scores)")
-    steps = [int(s) for s in args.steps.split(",") if s.strip()]
-    print(f"# difficulty spread: {args.config} {' '.join(args.set)}; torch threads {args.threads}", flush=True)
     t0 = time.perf_counter()
     trainer = RLTrainer(cfg, log=lambda m: None)
     env, policy = trainer.envs[0], trainer.policy
@@ -141,11 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         engine = RolloutEngine(env, policy, replace(params, seed=step_seed(cfg.seed, step)), on_error="record")
         forest = Forest()
         roots = engine.add_roots(forest, tasks)
-        engine.rollout(forest, np.repeat(roots, args.k))
+        engine.rollout(forest, np.repeat(roots, k))
         leaves = forest.traj_leaf
         done = (forest.flags[leaves] & TERMINAL) != 0
         reward = np.where(done & ~np.isnan(forest.reward[leaves]), forest.reward[leaves], 0.0)
-        per_tree = np.zeros((len(tasks), args.k))
+        per_tree = np.zeros((len(tasks), k))
         filled = np.zeros(len(tasks), dtype=np.int64)
         for tree, rew in zip(forest.tree[leaves], reward):
             per_tree[tree, filled[tree]] = rew >= 0.5
@@ -153,15 +172,59 @@ def main(argv: list[str] | None = None) -> int:
         outcomes.append(per_tree)
         step_of += [step] * len(tasks)
         prompts += [t.prompt for t in tasks]
-        print(f"step {step}: {len(tasks)} prompts x {args.k} episodes ({time.perf_counter() - t0:.0f} s)", flush=True)
-    for line in report(np.concatenate(outcomes), np.asarray(step_of), group, per_step, seed=args.seed):
-        print(line)
-    if args.json:
-        rows = [{"step": st, "prompt": pr, "outcomes": o.astype(int).tolist()}
-                for st, pr, o in zip(step_of, prompts, np.concatenate(outcomes))]
-        with open(args.json, "w") as fh:
-            json.dump({"config": args.config, "set": args.set, "seed": args.seed, "k": args.k, "prompts": rows}, fh, indent=1)
-    shutil.rmtree(scratch, ignore_errors=True)
+        print(f"step {step}: {len(tasks)} prompts x {k} episodes ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return np.concatenate(outcomes), step_of, prompts
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/quick.yaml")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides (as trace-gym train's)")
+    ap.add_argument("--steps", default="1,2,3,4", help="whose candidates to sample (comma-separated step indices)")
+    ap.add_argument("--seed", type=int, default=0, help="the run seed whose candidate draw is sampled")
+    ap.add_argument("--k", type=int, default=16, help="episodes per prompt (at least 2 x budget.group_size)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--predictors", default="", help="comma-separated predictor specs to replay (see the module docstring)")
+    ap.add_argument("--json", default=None, metavar="FILE", help="also write every prompt, its step and its outcomes here")
+    ap.add_argument("--from-json", default=None, metavar="FILE", help="read the episodes an earlier --json wrote instead of sampling")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from trace_gym.trainers.config import load_config
+
+    scratch = tempfile.mkdtemp(prefix="difficulty-spread-")  # the trainer's output folder: nothing is kept
+    try:
+        if args.from_json:
+            saved = json.loads(open(args.from_json).read())
+            args.config, args.set, args.seed = saved["config"], saved["set"], saved["seed"]
+        cfg = load_config(args.config, [*args.set, f"seed={args.seed}", "log.progress=false", "log.tensorboard=false",
+                                        f"model.threads={args.threads}", f"output_dir={scratch}"])
+        if len(cfg.envs) != 1:
+            raise SystemExit("difficulty_spread samples one env's prompts: give a config with one env")
+        group, per_step = cfg.budget.group_size, cfg.budget.trajectories // cfg.budget.group_size
+        print(f"# difficulty spread: {args.config} {' '.join(args.set)}; seed {args.seed}; torch threads {args.threads}", flush=True)
+        if args.from_json:
+            rows = saved["prompts"]
+            outcomes = np.array([r["outcomes"] for r in rows], dtype=np.float64)
+            step_of, prompts = [r["step"] for r in rows], [r["prompt"] for r in rows]
+        else:
+            steps = [int(s) for s in args.steps.split(",") if s.strip()]
+            outcomes, step_of, prompts = sample(cfg, steps, args.k)
+        if outcomes.shape[1] < 2 * group:
+            raise SystemExit(f"need at least 2 x budget.group_size = {2 * group} episodes a prompt (half picks, half scores)")
+        for line in report(outcomes, np.asarray(step_of), group, per_step, seed=args.seed):
+            print(line)
+        for spec in [x.strip() for x in args.predictors.split(",") if x.strip()]:
+            a, m = replay(spec, outcomes, np.asarray(step_of), prompts, group, per_step, seed=args.seed)
+            print(f"predictor {spec}: AUC over a step's candidates {a:.3f}; mixed prompts a step with pcl's choice {m:.2f}")
+        if args.json:
+            rows = [{"step": st, "prompt": pr, "outcomes": o.astype(int).tolist()} for st, pr, o in zip(step_of, prompts, outcomes)]
+            with open(args.json, "w") as fh:
+                json.dump({"config": args.config, "set": args.set, "seed": args.seed, "prompts": rows}, fh, indent=1)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 

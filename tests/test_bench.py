@@ -353,3 +353,14 @@ def test_difficulty_spread_estimates_what_choosing_prompts_can_gain():
     assert abs(ds.loo_auc(same) - 0.5) < 0.05
     random_mix, chosen_mix = (float(x) for x in re.search(r"random \(grpo\) ([\d.]+), chosen by .* ([\d.]+) \(", ds.report(same, steps, 4, 8)[3]).groups())
     assert abs(chosen_mix - random_mix) < 0.3
+
+    # the replay: a predictor that reads the operator learns which prompts can mix and picks them
+    ops = np.tile(np.r_[np.zeros(16), np.ones(16)], 4).astype(bool)  # the never-solved half is division
+    prompts = [f"What is {rng.integers(100, 2000)} {'÷' if o else '+'} {rng.integers(2, 50)}?" for o in ops]
+    outcomes = (rng.random((128, 16)) < np.where(ops, 0.0, 0.5)[:, None]).astype(float)
+    auc_shapes, mixed_shapes = ds.replay("hashed:shapes=true", outcomes, steps, prompts, group=4, per_step=8)
+    auc_plain, mixed_plain = ds.replay("hashed", outcomes, steps, prompts, group=4, per_step=8)
+    auc_beta, mixed_beta = ds.replay("beta", outcomes, steps, prompts, group=4, per_step=8)
+    assert auc_shapes > 0.75 and mixed_shapes > 6.5  # AUC ceiling 5/6 here; nearly all 8 picks mix (8 x 7/8 at p = 1/2)
+    assert auc_plain < 0.6 and mixed_plain < 5  # plain words: "what is" and numbers never seen again
+    assert mixed_beta < 5  # one prior for every prompt: random picks, half of them never solved
