@@ -123,8 +123,9 @@ def curve(run_dir: Path, env_name: str, key: str = "mean@k") -> dict[str, np.nda
                                                 for r in recs if "effective_sample_ratio" in r]),
             "prompts": np.array([r["spent/prompts"] for r in recs if "effective_ratio" in r and "spent/prompts" in r]),
             # how well the predictor ranked the step's prompts before their outcomes (rows without one: empty)
+            # (null where the step's roots were all alike)
             "root_auc": np.array([r["predictor/root_auc"] for r in recs
-                                  if np.isfinite(r.get("predictor/root_auc", float("nan")))])}
+                                  if r.get("predictor/root_auc") is not None and np.isfinite(r["predictor/root_auc"])])}
 
 
 def trajectories_to_reach(c: dict[str, np.ndarray], target: float, x: str = "trajectories") -> float:

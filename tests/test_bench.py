@@ -276,8 +276,11 @@ def test_train_bench_reads_every_rows_esr_under_grpos_advantage(tmp_path):
     assert list(tb.curve(run, "ContrastLab-v0")["effective_sample_ratio"]) == [r["effective_sample_ratio/grpo"] for r in steps]
     assert any(r["effective_sample_ratio/grpo"] != r["effective_sample_ratio"] for r in steps)  # else this proves nothing
     assert list(tb.curve(run, "ContrastLab-v0")["prompts"]) == [r["spent/prompts"] for r in steps]
-    aucs = [r["predictor/root_auc"] for r in steps if r["predictor/root_auc"] == r["predictor/root_auc"]]  # NaN: one class
+    aucs = [r["predictor/root_auc"] for r in steps if r["predictor/root_auc"] is not None]  # None: one class
     assert aucs and list(tb.curve(run, "ContrastLab-v0")["root_auc"]) == aucs
+    lines = (run / "metrics.jsonl").read_text().splitlines()  # a step whose roots all failed logs null
+    (run / "metrics.jsonl").write_text("\n".join([lines[0], lines[1].replace('"predictor/root_auc":', '"predictor/root_auc": null, "x":'), *lines[2:]]))
+    assert len(tb.curve(run, "ContrastLab-v0")["root_auc"]) == len(aucs) - 1
 
 
 def test_train_bench_counts_the_prompts_with_contrast():
