@@ -140,11 +140,10 @@ def sample(cfg, steps: list[int], k: int) -> tuple[np.ndarray, list[int], list[s
     candidate the run of ``cfg`` is offered at ``steps``, from its warm-started policy."""
     from dataclasses import replace
 
-    from trace_gym.forest.forest import TERMINAL, Forest
     from trace_gym.policies.base import SamplingParams
-    from trace_gym.rollout.engine import RolloutEngine
     from trace_gym.rollout.source import step_seed
     from trace_gym.task import candidate_indices
+    from trace_gym.trainers.evaluate import episode_rewards, sample_episodes
     from trace_gym.trainers.rl import RLTrainer
 
     t0 = time.perf_counter()
@@ -157,16 +156,10 @@ def sample(cfg, steps: list[int], k: int) -> tuple[np.ndarray, list[int], list[s
     outcomes, step_of, prompts = [], [], []
     for step in steps:
         tasks = [src.get(i, "train") for i in candidate_indices(cfg.seed, step, size, cfg.budget.prompts)]
-        engine = RolloutEngine(env, policy, replace(params, seed=step_seed(cfg.seed, step)), on_error="record")
-        forest = Forest()
-        roots = engine.add_roots(forest, tasks)
-        engine.rollout(forest, np.repeat(roots, k))
-        leaves = forest.traj_leaf
-        done = (forest.flags[leaves] & TERMINAL) != 0
-        reward = np.where(done & ~np.isnan(forest.reward[leaves]), forest.reward[leaves], 0.0)
+        forest = sample_episodes(policy, env, tasks, k, replace(params, seed=step_seed(cfg.seed, step)))
         per_tree = np.zeros((len(tasks), k))
         filled = np.zeros(len(tasks), dtype=np.int64)
-        for tree, rew in zip(forest.tree[leaves], reward):
+        for tree, rew in zip(forest.tree[forest.traj_leaf], episode_rewards(forest)):
             per_tree[tree, filled[tree]] = rew >= 0.5
             filled[tree] += 1
         outcomes.append(per_tree)

@@ -18,20 +18,36 @@ from trace_gym.forest.forest import TERMINAL, TRUNCATED, Forest
 from trace_gym.policies.base import Policy, SamplingParams
 
 
-def evaluate_env(policy: Policy, env: Any, tasks: Sequence[Any], k: int, params: SamplingParams) -> dict[str, float]:
-    """Roll out ``k`` episodes of each task in ``tasks`` with ``policy`` on ``env``; see the module docstring."""
-    from trace_gym.rollout.engine import RolloutEngine, TurnRecord
+def sample_episodes(policy: Policy, env: Any, tasks: Sequence[Any], k: int, params: SamplingParams) -> Forest:
+    """``k`` complete episodes of each task in ``tasks`` with ``policy`` on ``env``, one tree per
+    task in order; an episode the engine cannot finish stays recorded (no reward)."""
+    from trace_gym.rollout.engine import RolloutEngine
 
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
-    t0 = time.perf_counter()
     engine = RolloutEngine(env, policy, params, on_error="record")
     forest = Forest()
     roots = engine.add_roots(forest, list(tasks))
     engine.rollout(forest, np.repeat(roots, k))
+    return forest
+
+
+def episode_rewards(forest: Forest) -> np.ndarray:
+    """Each trajectory's reward, 0 where the episode did not finish (turn limit, failure) or
+    has no reward: the score mean@k averages."""
     leaves = forest.traj_leaf
     finished = (forest.flags[leaves] & TERMINAL) != 0
-    reward = np.where(finished & ~np.isnan(forest.reward[leaves]), forest.reward[leaves], 0.0)
+    return np.where(finished & ~np.isnan(forest.reward[leaves]), forest.reward[leaves], 0.0)
+
+
+def evaluate_env(policy: Policy, env: Any, tasks: Sequence[Any], k: int, params: SamplingParams) -> dict[str, float]:
+    """Roll out ``k`` episodes of each task in ``tasks`` with ``policy`` on ``env``; see the module docstring."""
+    from trace_gym.rollout.engine import TurnRecord
+
+    t0 = time.perf_counter()
+    forest = sample_episodes(policy, env, tasks, k, params)
+    leaves = forest.traj_leaf
+    reward = episode_rewards(forest)
     tree = forest.tree[leaves]
     best = np.zeros(forest.n_trees)
     np.maximum.at(best, tree, reward)
