@@ -15,6 +15,13 @@ from trace_gym.forest.forest import Forest
 from trace_gym.predictors.base import predict_nodes
 
 
+def nearest_half(values: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of the ``n`` entries of ``values`` (predicted success probabilities) closest to
+    1/2, nearest first, ties in a random order drawn from ``rng`` (one draw per entry)."""
+    values = np.asarray(values)
+    return np.lexsort((rng.random(values.size), np.abs(values - 0.5)))[:n]
+
+
 @register("pcl")
 class PCLAllocator(Allocator):
     """Groups of G on the prompts predicted nearest to 50% success."""
@@ -33,7 +40,6 @@ class PCLAllocator(Allocator):
         v = predict_nodes(forest, roots, predictor)
         g = budget.group_size
         n = min(budget.trajectories // g, forest.n_trees)
-        order = np.lexsort((self.rng.random(v.size), np.abs(v - 0.5)))
         counts = np.zeros(forest.n_trees, dtype=np.int64)
-        counts[order[:n]] = g
+        counts[nearest_half(v, n, self.rng)] = g
         return counts

@@ -25,7 +25,8 @@ same rollout engine as training. Then, per prompt, its success rate, and:
 
 ``--predictors hashed,hashed:shapes=true,lm`` then replays the steps for each predictor as
 pcl would use it on this frozen policy: each step it scores the step's candidates (its AUC
-over them, from one half of each prompt's episodes), picks the prompts predicted nearest 1/2
+over them, from one half of each prompt's episodes), picks the prompts predicted nearest 1/2 (pcl's
+``nearest_half``, the same rule and tie draw)
 and learns only from those prompts' first-half episodes; the prompts it picked are scored
 on their other half as above (mixed prompts a step, after the first quarter of the steps).
 So predictors can be compared on a real policy's prompts before any training run, and
@@ -106,6 +107,7 @@ def replay(spec: str, outcomes: np.ndarray, steps: np.ndarray, prompts: list[str
            seed: int = 0) -> tuple[float, float]:
     """``(mean AUC over each step's candidates, mixed prompts a step)`` of the predictor
     ``spec`` replayed as the module docstring says (one split of each prompt's episodes)."""
+    from trace_gym.allocators.pcl import nearest_half
     from trace_gym.forest.forest import History
     from trace_gym.predictors.base import make_predictor
     from trace_gym.predictors.calibration import auc
@@ -128,7 +130,7 @@ def replay(spec: str, outcomes: np.ndarray, steps: np.ndarray, prompts: list[str
             a = auc(p, learn.mean(1), np.full(rows.size, float(half)))
             if np.isfinite(a):
                 aucs.append(a)
-        pick = np.lexsort((rng.random(rows.size), np.abs(p - 0.5)))[:per_step]
+        pick = nearest_half(p, per_step, rng)
         if t >= len(order) // 4:
             mixed.append(mixed_probability(score[pick].sum(1), k - half, group).sum())
         pred.update([hist[i] for i in pick], learn[pick].mean(1), np.full(pick.size, float(half)))
