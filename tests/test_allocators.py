@@ -12,6 +12,7 @@ import trace_gym
 from trace_gym.allocation.budget import Budget
 from trace_gym.allocation.allocator import add_candidates, allocate_step
 from trace_gym.allocators.knapsack import knapsack_counts, knapsack_value
+from trace_gym.allocators.pcl import nearest_half
 from trace_gym.allocators.trace import solve_roots_beta, v_root_beta
 from trace_gym.allocators.uniform import uniform_prefixes
 from trace_gym.sim import ContrastLabSim, ContrastLabWorld
@@ -265,6 +266,16 @@ def test_pcl_picks_prompts_nearest_one_half(world):
     assert chosen.sum() == 16
     assert np.abs(v[chosen] - 0.5).max() <= np.abs(v[~chosen] - 0.5).min()
     assert set(forest.n_leaves[forest.root_nodes][chosen].tolist()) == {8}
+
+
+def test_nearest_half_ranks_by_distance_and_breaks_ties_at_random():
+    v = np.array([0.9, 0.5, 0.3, 0.5, 0.55, 0.0, 0.5])
+    first = nearest_half(v, 3, np.random.default_rng(0))
+    assert sorted(first.tolist()) == [1, 3, 6]  # the three exact halves, before 0.55
+    assert nearest_half(v, 4, np.random.default_rng(0))[3] == 4
+    orders = {tuple(nearest_half(v, 3, np.random.default_rng(s)).tolist()) for s in range(20)}
+    assert len(orders) > 1  # tied entries come in an order drawn from the generator
+    assert nearest_half(v, 10, np.random.default_rng(0)).tolist()[-1] == 5  # n beyond the size: all, farthest last
 
 
 @pytest.mark.parametrize("seed", range(6))
