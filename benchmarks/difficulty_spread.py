@@ -25,9 +25,9 @@ same rollout engine as training. Then, per prompt, its success rate, and:
 
 ``--predictors hashed,hashed:shapes=true,lm`` then replays the steps for each predictor as
 pcl would use it on this frozen policy: each step it scores the step's candidates (its AUC
-over them, from one half of each prompt's episodes), picks the prompts predicted nearest 1/2 (pcl's
-``nearest_half``, the same rule and tie draw)
-and learns only from those prompts' first-half episodes; the prompts it picked are scored
+over them, from one half of each prompt's episodes), picks the prompts predicted nearest 1/2
+(pcl's ``nearest_half``: the same rule and tie draw) and learns only from those prompts'
+first-half episodes; the prompts it picked are scored
 on their other half as above (mixed prompts a step, after the first quarter of the steps).
 So predictors can be compared on a real policy's prompts before any training run, and
 against the ceiling above.

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trace_gym.forest.forest import TERMINAL, TRUNCATED, Forest
+from trace_gym.forest.forest import TRUNCATED, Forest
 from trace_gym.policies.base import Policy, SamplingParams
 
 
@@ -36,8 +36,7 @@ def episode_rewards(forest: Forest) -> np.ndarray:
     """Each trajectory's reward, 0 where the episode did not finish (turn limit, failure) or
     has no reward: the score mean@k averages."""
     leaves = forest.traj_leaf
-    finished = (forest.flags[leaves] & TERMINAL) != 0
-    return np.where(finished & ~np.isnan(forest.reward[leaves]), forest.reward[leaves], 0.0)
+    return np.where(forest.finished()[leaves], forest.reward[leaves], 0.0)
 
 
 def evaluate_env(policy: Policy, env: Any, tasks: Sequence[Any], k: int, params: SamplingParams) -> dict[str, float]:
