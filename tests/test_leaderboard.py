@@ -234,6 +234,27 @@ def test_resume_skips_finished_runs_and_keeps_stale_ones(runs, tmp_path):
     assert not (tmp_path / "a" / "accuracy_vs_budget.png").exists()
 
 
+def test_a_log_file_gets_one_line_per_step_where_a_terminal_gets_bars(tmp_path):
+    """``nohup trace-gym leaderboard run ... > log``: rich draws no bars off a terminal, so a
+    long row would log nothing until it ends; each finished step is a line there instead."""
+    import io
+
+    from rich.console import Console
+
+    from trace_gym.leaderboard.runner import run_suite
+
+    spec = parse_suite(suite_dict("small-log", seeds=(0,), steps=2, allocators=["grpo", "trace"], trajectories=64))
+    log = io.StringIO()
+    run_suite(spec, tmp_path / "a", console=Console(file=log, width=200))
+    lines = [line for line in log.getvalue().splitlines() if "step " in line]
+    assert [re.sub(r" \(\d+ s\)$", "", line) for line in lines] == [
+        f"{label}: step {k}/2 done" for label in ("contrastlab / ContrastLab-v0 / grpo / seed 0", "contrastlab / ContrastLab-v0 / trace / seed 0")
+        for k in (1, 2)]
+    quiet = io.StringIO()
+    run_suite(spec, tmp_path / "b", console=Console(file=quiet, width=200), show_progress=False)
+    assert "step " not in quiet.getvalue()
+
+
 # ----------------------------------------------------------------------------- show / merge
 
 

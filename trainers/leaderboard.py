@@ -119,13 +119,20 @@ def warm_start(track: TrackSpec, env_ids: list[str], cache: dict) -> str:
     progress = cache.get("progress")
     label = f"SFT warm start of {track.policy.model} (cached after the first run)"
     bar = progress.add_task(label, total=None) if progress is not None else None
+    plain = console is not None and cache.get("plain", False)  # a log file: a line a minute
+    t0 = last = time.perf_counter()
+    if plain:
+        console.print(f"{label}: finding or training it", highlight=False, soft_wrap=True)
 
     def log(figures: dict[str, float]) -> None:
+        nonlocal last
+        shown = ", ".join(f"{k} {v:.3g}" for k, v in figures.items() if isinstance(v, (int, float)))
         if bar is not None:
-            shown = ", ".join(f"{k} {v:.3g}" for k, v in figures.items() if isinstance(v, (int, float)))
             progress.update(bar, description=f"{label}: {shown}")
+        if plain and time.perf_counter() - last >= 60:
+            last = time.perf_counter()
+            console.print(f"{label}: {shown} ({last - t0:.0f} s)", highlight=False, soft_wrap=True)
 
-    t0 = time.perf_counter()
     path = sft.warm_start(track.policy.model, cfg, tiny=tiny, log=log)
     if bar is not None:
         progress.remove_task(bar)

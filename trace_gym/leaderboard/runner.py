@@ -484,7 +484,9 @@ def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, res
     ``fresh=True`` (or ``resume=False``) first moves the folder's record files aside
     (:func:`move_aside`). A record file with a bad line raises
     :class:`~trace_gym.leaderboard.records.RecordError` before anything runs. Progress is a
-    rich progress bar (one bar for the suite, one for the current run's steps).
+    rich progress bar (one bar for the suite, one for the current run's steps); where
+    ``console`` is not a terminal (a log file, ``nohup``), on which rich draws no bars, it is
+    one line per finished step instead.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -510,6 +512,8 @@ def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, res
     todo = [p for p in plans if (p.config_hash, p.seed) not in done]
     records: list[Record] = [done[(p.config_hash, p.seed)] for p in plans if (p.config_hash, p.seed) in done]
     caches: dict[str, dict] = {}
+    # rich draws bars only on a terminal; a log file would show nothing for hours of a long row
+    plain = show_progress and not console.is_terminal
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TimeRemainingColumn(), console=console, disable=not show_progress, transient=False) as progress:
         total_steps = sum(p.track.steps for p in todo)
@@ -517,11 +521,14 @@ def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, res
         for plan in todo:
             run_bar = progress.add_task(plan.label, total=plan.track.steps)
 
-            def on_step(step: int, _bar=run_bar) -> None:
+            def on_step(step: int, _bar=run_bar, _plan=plan, _t0=time.perf_counter()) -> None:
                 progress.advance(_bar)
                 progress.advance(suite_bar)
+                if plain:
+                    console.print(f"{_plan.label}: step {step + 1}/{_plan.track.steps} done "
+                                  f"({time.perf_counter() - _t0:.0f} s)", highlight=False, soft_wrap=True)
 
-            cache = caches.setdefault(plan.track.name, {"progress": progress, "console": console})
+            cache = caches.setdefault(plan.track.name, {"progress": progress, "console": console, "plain": plain})
             runner = run_allocation if plan.track.kind == "allocation" else run_training
             result = runner(plan.track, plan.env, plan.alloc, plan.seed, cache, on_step)
             share = result.final.get("failed_share")
