@@ -5,6 +5,7 @@ cached by config, and after it the policy acts in the env's format."""
 import os
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,52 @@ def test_token_bounded_micro_batches_change_memory_not_the_step():
     assert torch.allclose(g_split, g_one, atol=1e-6, rtol=1e-4)
     ident = resolve_base("tiny", spec)[1]
     assert sft_key(ident, SFTConfig(micro_batch_tokens=None)) == sft_key(ident, SFTConfig(micro_batch_tokens=512))
+
+
+def test_demonstrations_over_max_length_are_skipped_with_a_warning_and_an_env_that_loses_all_is_an_error():
+    from trace_gym.trainers.sft import Example, fitting_examples
+
+    def ex(env, n):
+        return Example(ids=[1] * n, mask=[1] * n, env_id=env, task_id=f"{env}-{n}")
+
+    fine = [ex("a", 10), ex("a", 20), ex("b", 30)]
+    assert fitting_examples(fine, 30) == fine
+    with pytest.warns(UserWarning, match=r"b 1 of 2 \(up to 40 tokens\)"):
+        kept = fitting_examples(fine[:2] + [ex("b", 30), ex("b", 40)], 30)
+    assert [e.task_id for e in kept] == ["a-10", "a-20", "b-30"]
+    with pytest.raises(ValueError, match=r"b: none of its 2 demonstrations fits sft.max_length=30 .*at least 45"):
+        fitting_examples(fine[:2] + [ex("b", 35), ex("b", 45)], 30)
+
+
+def test_every_shipped_suite_warm_start_keeps_demonstrations_of_each_of_its_envs():
+    """A suite's SFT warm start must see every env it lists: a ToolCalls demonstration is
+    about 1,650 smollm2 tokens, and at the default max_length of 1024 the smollm2 warm start
+    once trained on none of them (and scored 0 on ToolCalls). Checked for the suites' hub
+    models (the tiny preset's own tokenizer is covered by its training tests)."""
+    from transformers import AutoTokenizer
+
+    from trace_gym.leaderboard import load_suite
+    from trace_gym.policies.chat import ChatTemplate
+    from trace_gym.trainers.leaderboard import warm_start_plan
+    from trace_gym.trainers.sft import build_examples, fitting_examples, resolve_base
+
+    suites = sorted((Path(__file__).parents[1] / "configs" / "suites").glob("*.yaml"))
+    checked = set()
+    for path in suites:
+        spec = load_suite(str(path))
+        for track in spec.tracks:
+            ws = track.policy.warm_start
+            if ws is None or track.policy.model in (None, "tiny"):
+                continue
+            cfg, _, _ = warm_start_plan(track, [e.id for e in track.envs])
+            key = (track.policy.model, cfg.model_dump_json())
+            if key in checked:
+                continue
+            checked.add(key)
+            chat = ChatTemplate(AutoTokenizer.from_pretrained(resolve_base(track.policy.model)[0]))
+            for env in cfg.envs:
+                examples = build_examples(chat, [env], 8, strip_thoughts=cfg.strip_thoughts)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # a few long ones may go; none kept is the failure
+                    assert fitting_examples(examples, cfg.max_length), (path.name, env.id)
+    assert checked, "no shipped suite has a hub-model warm start"

@@ -24,6 +24,7 @@ import re
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -59,7 +60,9 @@ class SFTConfig(BaseModel):
                                  "The loss and the step are the same up to float rounding, so it is not part of the cache key: "
                                  "a machine with less memory reuses a warm start built with more (a rebuild at another "
                                  "bound sums in another order and, like one at another thread count, may differ).")
-    max_length: int = Field(1024, ge=16, description="Demonstrations longer than this (in tokens) are skipped.")
+    max_length: int = Field(1024, ge=16, description=(
+        "Demonstrations longer than this (in tokens) are skipped, with a warning per env that loses some; "
+        "an env that loses all of them is an error."))
     strip_thoughts: bool = Field(False, description="Drop <think>...</think> blocks from demonstrated turns: shorter turns for small models that do not use them.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip.")
     seed: int = Field(0, description="Seeds task order and batching.")
@@ -176,12 +179,40 @@ def lr_lambda(total_steps: int, warmup: float) -> Callable[[int], float]:
     return f
 
 
+def fitting_examples(examples: Sequence[Example], max_length: int) -> list[Example]:
+    """The ``examples`` of at most ``max_length`` tokens. Warns for every env that lost some;
+    raises ``ValueError`` for an env that lost all (or when ``examples`` is empty)."""
+    if not examples:
+        raise ValueError("no demonstrations to train on")
+    kept = [e for e in examples if len(e.ids) <= max_length]
+    by_env: dict[str, list[int]] = {}
+    for e in examples:
+        by_env.setdefault(e.env_id, []).append(len(e.ids))
+    lost = []
+    for env_id, lengths in by_env.items():
+        over = sorted(n for n in lengths if n > max_length)
+        if len(over) == len(lengths):
+            raise ValueError(f"{env_id}: none of its {len(lengths)} demonstrations fits sft.max_length={max_length} "
+                             f"(the shortest has {over[0]} tokens, the longest {over[-1]}): raise max_length to at "
+                             f"least {over[-1]}, or leave the env out of the SFT")
+        if over:
+            lost.append(f"{env_id} {len(over)} of {len(lengths)} (up to {over[-1]} tokens)")
+    if lost:
+        warnings.warn(f"SFT skips demonstrations longer than max_length={max_length}: " + "; ".join(lost), stacklevel=3)
+    return kept
+
+
 def train_sft(model: Any, pad_id: int, examples: Sequence[Example], cfg: SFTConfig,
               log: Callable[[dict[str, float]], None] | None = None) -> dict[str, float]:
-    """SFT ``model`` in place on ``examples``; returns summary figures (first and last loss, tokens, seconds)."""
-    examples = [e for e in examples if len(e.ids) <= cfg.max_length]
-    if not examples:
-        raise ValueError(f"no demonstration fits max_length={cfg.max_length}")
+    """SFT ``model`` in place on ``examples``; returns summary figures (first and last loss,
+    tokens, seconds, demonstrations skipped).
+
+    Demonstrations longer than ``cfg.max_length`` are skipped, with a warning naming each env
+    that lost some; an env none of whose demonstrations fits is a ``ValueError`` (the warm
+    start would never have seen it), naming the length that would keep them.
+    """
+    offered = len(examples)
+    examples = fitting_examples(examples, cfg.max_length)
     device = next(model.parameters()).device
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -218,7 +249,8 @@ def train_sft(model: Any, pad_id: int, examples: Sequence[Example], cfg: SFTConf
         if log is not None:
             log({"step": step + 1, "steps": total, "loss": loss, "lr": sched.get_last_lr()[0]})
     model.eval()
-    return {"first_loss": first, "last_loss": last, "steps": total, "examples": len(examples), "tokens": tokens,
+    return {"first_loss": first, "last_loss": last, "steps": total, "examples": len(examples),
+            "skipped": offered - len(examples), "tokens": tokens,
             "seconds": time.perf_counter() - t0}
 
 
