@@ -69,6 +69,9 @@ BAD_COMMANDS = {
     "env argument": (["play", "MathCalc-v0", "--env-arg", "nosuch=1"],
                      ["takes no argument 'nosuch'", "its arguments: seed, levels"]),
     "rollout model": (["rollout", "MathCalc-v0", "--model", "/nonexistent/model"], ["'/nonexistent/model'", "tiny", "smollm2-135m"]),
+    "eval env argument": (["eval", "--model", "tiny", "--env", "MathCalc-v0", "--env-arg", "nosuch=1", "--tasks", "1"],
+                          ["takes no argument 'nosuch'", "levels"]),
+    "eval env": (["eval", "--model", "tiny", "--env", "MathClac-v0", "--tasks", "1"], ["did you mean 'trace_gym/MathCalc-v0'"]),
     "eval model": (["eval", "--model", "/nonexistent/model", "--tasks", "1"], ["'/nonexistent/model'", "tiny"]),
 }
 

@@ -201,6 +201,28 @@ SIM = {
 }
 
 
+def test_eval_env_args_reach_the_evaluated_env(tmp_path):
+    # `--env` with a short id keeps the config's kwargs for that env; `--env-arg` goes on top
+    import trace_gym
+    from trace_gym.cli.main import main
+
+    config = tmp_path / "sim.yaml"
+    config.write_text(yaml.safe_dump(dict(SIM, output_dir=str(tmp_path / "run"))))
+
+    def exact(*args: str) -> float:
+        out = tmp_path / "eval.json"
+        assert main(["eval", "--config", str(config), "--env", "ContrastLab-v0", *args, "--k", "1", "--json", str(out)]) == 0
+        return json.loads(out.read_text())["envs"]["eval/ContrastLab-v0/exact_success"]
+
+    def truth(**kwargs) -> float:
+        return trace_gym.make("trace_gym/ContrastLab-v0", seed=SIM["seed"], **kwargs).unwrapped.world.mean_success("test")
+
+    as_configured, changed = truth(n_tasks=64, n_test=16), truth(n_tasks=64, n_test=3)
+    assert as_configured != changed
+    assert exact() == pytest.approx(as_configured)
+    assert exact("--env-arg", "n_test=3") == pytest.approx(changed)
+
+
 def _sim_config(tmp_path: Path, **changes):
     from trace_gym.trainers.config import RLConfig
 

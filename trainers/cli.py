@@ -4,6 +4,7 @@
     trace-gym train --help-config                      # every config key, documented
     trace-gym eval --config configs/quick.yaml         # the run's latest checkpoint (or its SFT start)
     trace-gym eval --model smollm2-135m --env trace_gym/MathCalc-v0 --tasks 50 --k 4
+    trace-gym eval --model DIR --env ToolCalls-v0 --env-arg difficulty=1 --env-arg max_turns=6
     trace-gym eval --config configs/quick.yaml rollout.backend=vllm   # through vLLM's engine
 
 Evaluation goes through the config's ``rollout.backend`` (``hf``, ``vllm``, ``openai``): the
@@ -60,6 +61,8 @@ def configure_eval(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="evaluate this model instead: 'tiny', an alias (smollm2-135m), a directory or a hub id")
     parser.add_argument("--sft", action="store_true", help="with --config: evaluate the SFT warm start, not the RL checkpoint")
     parser.add_argument("--env", action="append", default=None, help="env id (repeatable); default: the config's envs, or MathCalc")
+    parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="env constructor argument (JSON value), repeatable; applies to every evaluated env, over the config's")
     parser.add_argument("--tasks", type=int, default=None, help="held-out tasks per env (default: the config's eval.tasks)")
     parser.add_argument("--k", type=int, default=None, help="samples per task for mean@k / pass@k (default: eval.k)")
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: eval.temperature)")
@@ -152,6 +155,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
         resolve_model(args.model)
     cfg = _load(args)
+    cfg.envs = eval_envs(cfg.envs, args.env, args.env_arg)  # a bad env or argument fails before torch is imported
     import torch
     from rich.console import Console
     from rich.table import Table
@@ -164,16 +168,14 @@ def run_eval(args: argparse.Namespace) -> int:
         torch.set_num_threads(cfg.model.threads)
     if cfg.model.name == "sim" and not args.model:
         return _eval_sim(args, cfg)
-    env_ids = args.env or [e.id for e in cfg.envs]
-    env_kwargs = {e.id: e.kwargs for e in cfg.envs}
+    envs = [trace_gym.make(spec.id, seed=cfg.seed, **spec.kwargs) for spec in cfg.envs]  # before the model: a bad argument fails fast
     source, policy = _eval_policy(args, cfg)
     k = args.k or cfg.eval.k
     params = SamplingParams(max_new_tokens=args.max_new_tokens or cfg.rollout.max_new_tokens,
                             temperature=cfg.eval.temperature if args.temperature is None else args.temperature,
                             top_p=cfg.rollout.top_p, seed=cfg.seed if args.seed is None else args.seed)
     results: dict[str, Any] = {"model": source, "k": k, "envs": {}}
-    for env_id in env_ids:
-        env = trace_gym.make(env_id if "/" in env_id else f"trace_gym/{env_id}", seed=cfg.seed, **env_kwargs.get(env_id, {}))
+    for env in envs:
         tasks = held_out_tasks(env, args.tasks or cfg.eval.tasks, split=args.split or cfg.eval.split)
         results["envs"][env.env_id] = evaluate_env(policy, env, tasks, k, params)
     policy.close()
@@ -186,6 +188,28 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
+
+
+def eval_envs(configured: list[Any], ids: list[str] | None, env_args: list[str]) -> list[Any]:
+    """The envs ``trace-gym eval`` evaluates: the ``--env`` ids (short ids such as ``MathCalc-v0``
+    allowed; each keeps the config's kwargs when the config has that env) or else the config's
+    envs, every one with the ``--env-arg`` arguments on top of its kwargs. Each is checked
+    without being built: an unknown id raises ``UnknownNameError``, and an argument its
+    constructor does not take raises ``ValueError`` naming the ones it does, where the
+    constructor's signature lists them (else building the env reports it)."""
+    from trace_gym.registry import check_env
+    from trace_gym.run import EnvSpec, env_id, parse_assignments
+
+    extra = parse_assignments(env_args, "--env-arg")
+    if ids:
+        kwargs = {spec.id: spec.kwargs for spec in configured}
+        chosen = [(env_id(i), kwargs.get(env_id(i), {})) for i in ids]
+    else:
+        chosen = [(spec.id, spec.kwargs) for spec in configured]
+    envs = [EnvSpec(id=i, kwargs={**own, **extra}) for i, own in chosen]
+    for spec in envs:
+        check_env(spec.id, spec.kwargs)
+    return envs
 
 
 def _eval_policy(args: argparse.Namespace, cfg: Any) -> tuple[str, Any]:
