@@ -223,6 +223,24 @@ def test_eval_env_args_reach_the_evaluated_env(tmp_path):
     assert exact("--env-arg", "n_test=3") == pytest.approx(changed)
 
 
+def test_eval_keeps_the_figures_of_each_spec_of_an_env_given_twice(tmp_path):
+    # easy and hard MathCalc as two specs of one env: each keeps its own figures
+    from trace_gym.cli.main import main
+    from trace_gym.trainers.evaluate import env_labels
+
+    assert env_labels(["a", "b", "a", "c", "a"]) == ["a#1", "b", "a#2", "c", "a#3"]
+    config = tmp_path / "two.yaml"
+    config.write_text(yaml.safe_dump({
+        "envs": [{"id": "MathCalc-v0", "kwargs": {"levels": [1]}}, {"id": "MathCalc-v0", "kwargs": {"levels": [5]}}],
+        "sft": {"enabled": False}, "output_dir": str(tmp_path / "run")}))
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--config", str(config), "--model", "tiny", "--tasks", "2", "--k", "1",
+                 "--max-new-tokens", "8", "--json", str(out)]) == 0
+    envs = json.loads(out.read_text())["envs"]
+    assert list(envs) == ["trace_gym/MathCalc-v0#1", "trace_gym/MathCalc-v0#2"]
+    assert [r["episodes"] for r in envs.values()] == [2, 2]
+
+
 def _sim_config(tmp_path: Path, **changes):
     from trace_gym.trainers.config import RLConfig
 

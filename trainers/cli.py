@@ -162,7 +162,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     import trace_gym
     from trace_gym.policies.base import SamplingParams
-    from trace_gym.trainers.evaluate import evaluate_env, held_out_tasks
+    from trace_gym.trainers.evaluate import env_labels, evaluate_env, held_out_tasks
 
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
@@ -175,9 +175,9 @@ def run_eval(args: argparse.Namespace) -> int:
                             temperature=cfg.eval.temperature if args.temperature is None else args.temperature,
                             top_p=cfg.rollout.top_p, seed=cfg.seed if args.seed is None else args.seed)
     results: dict[str, Any] = {"model": source, "k": k, "envs": {}}
-    for env in envs:
+    for env, label in zip(envs, env_labels([env.env_id for env in envs])):
         tasks = held_out_tasks(env, args.tasks or cfg.eval.tasks, split=args.split or cfg.eval.split)
-        results["envs"][env.env_id] = evaluate_env(policy, env, tasks, k, params)
+        results["envs"][label] = evaluate_env(policy, env, tasks, k, params)
     policy.close()
     table = Table(title=f"held-out evaluation of {source} (k={k})")
     for col in ("env", "mean@k", "pass@k", "tool calls", "answered", "tasks"):

@@ -82,3 +82,18 @@ def held_out_tasks(env: Any, n: int, *, split: str = "test", start: int = 0) -> 
     src = env.tasks()
     n = min(int(n), int(src.size(split)) - start)
     return [src.get(start + i, split) for i in range(n)]
+
+
+def env_labels(ids: Sequence[str]) -> list[str]:
+    """One label per evaluated env, in order: its id where the id occurs once, else
+    ``<id>#<n>`` (n from 1, in order), so that two specs of one env (say MathCalc's easy and hard
+    levels) each keep their figures instead of the second overwriting the first."""
+    counts: dict[str, int] = {}
+    for i in ids:
+        counts[i] = counts.get(i, 0) + 1
+    seen: dict[str, int] = {}
+    labels = []
+    for i in ids:
+        seen[i] = seen.get(i, 0) + 1
+        labels.append(i if counts[i] == 1 else f"{i}#{seen[i]}")
+    return labels

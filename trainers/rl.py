@@ -601,7 +601,7 @@ class RLTrainer:
 
     def evaluate(self, step: int | None = None) -> dict[str, float]:
         """Held-out mean@k / pass@k per env (``eval/<env>/...``); leaves every RNG as it was."""
-        from trace_gym.trainers.evaluate import evaluate_env, held_out_tasks
+        from trace_gym.trainers.evaluate import env_labels, evaluate_env, held_out_tasks
 
         cfg = self.cfg.eval
         step = self.step_index if step is None else step
@@ -611,11 +611,10 @@ class RLTrainer:
         rng = capture_rng()
         out: dict[str, float] = {}
         try:
-            for env in self.envs:
+            for env, name in zip(self.envs, env_labels([env.env_id.split("/")[-1] for env in self.envs])):
                 params = SamplingParams(max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=cfg.temperature,
                                         top_p=self.cfg.rollout.top_p, seed=step_seed(self.cfg.seed, step, 1))
                 res = evaluate_env(self.policy, env, held_out_tasks(env, cfg.tasks, split=cfg.split), cfg.k, params)
-                name = env.env_id.split("/")[-1]
                 for k in ("mean@k", "pass@k", "tool_call_rate", "answer_rate"):
                     out[f"eval/{name}/{k}"] = res[k]
                 world = getattr(env, "world", None)
