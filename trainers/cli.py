@@ -203,7 +203,7 @@ def eval_envs(configured: list[Any], ids: list[str] | None, env_args: list[str])
     extra = parse_assignments(env_args, "--env-arg")
     if ids:
         kwargs = {spec.id: spec.kwargs for spec in configured}
-        chosen = [(env_id(i), kwargs.get(env_id(i), {})) for i in ids]
+        chosen = [(full, kwargs.get(full, {})) for full in map(env_id, ids)]
     else:
         chosen = [(spec.id, spec.kwargs) for spec in configured]
     envs = [EnvSpec(id=i, kwargs={**own, **extra}) for i, own in chosen]

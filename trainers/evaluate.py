@@ -10,6 +10,7 @@ answer (rather than the turn limit or a parse-error loop), mean turns and genera
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any, Sequence
 
 import numpy as np
@@ -88,9 +89,7 @@ def env_labels(ids: Sequence[str]) -> list[str]:
     """One label per evaluated env, in order: its id where the id occurs once, else
     ``<id>#<n>`` (n from 1, in order), so that two specs of one env (say MathCalc's easy and hard
     levels) each keep their figures instead of the second overwriting the first."""
-    counts: dict[str, int] = {}
-    for i in ids:
-        counts[i] = counts.get(i, 0) + 1
+    counts = Counter(ids)
     seen: dict[str, int] = {}
     labels = []
     for i in ids:
