@@ -32,7 +32,9 @@ class TaskSource(Protocol):
     """A deterministic, indexable collection of tasks: ``source.get(i, split)`` always
     returns the same task for the same (seed, i, split)."""
 
-    def get(self, index: int, split: Split = "train") -> Task: ...
+    def get(self, index: int, split: Split = "train") -> Task:
+        """Task ``index`` of ``split`` (the same task every call, for the source's seed)."""
+        ...
 
     def size(self, split: Split = "train") -> int:
         """Number of tasks in ``split``; procedural sources may return a large bound."""

@@ -94,6 +94,7 @@ class LossUnit:
 
     @property
     def loss_tokens(self) -> int:
+        """Number of tokens the unit puts into the loss (``K``)."""
         return int(self.target.shape[0])
 
 
@@ -115,10 +116,12 @@ class TokenBatch:
 
     @property
     def forward_tokens(self) -> int:
+        """Tokens the units run forward, summed (no padding)."""
         return sum(len(u) for u in self.units)
 
     @property
     def loss_tokens(self) -> int:
+        """Tokens the units put into the loss, summed."""
         return sum(u.loss_tokens for u in self.units)
 
 

@@ -102,6 +102,8 @@ class MetricsLog:
         os.replace(tmp, self.path)
 
     def write(self, record: dict[str, Any]) -> None:
+        """Append ``record`` as one JSON line, synced to disk (a non-finite float is written as
+        null), and its finite numbers to TensorBoard at ``record["step"]`` when that is on."""
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         with open(self.path, "a") as f:
             f.write(json.dumps(clean, default=float) + "\n")

@@ -57,4 +57,5 @@ class Spend:
     prompts: int = 0  # prompts that received at least one rollout
 
     def as_dict(self) -> dict[str, int]:
+        """The four counts by name (JSON-ready)."""
         return {"trajectories": self.trajectories, "roots": self.roots, "branches": self.branches, "prompts": self.prompts}

@@ -45,6 +45,7 @@ class History:
 
     @property
     def depth(self) -> int:
+        """Number of turns in the history (0 for a task's opening)."""
         return len(self.steps)
 
 

@@ -343,6 +343,7 @@ class Row:
 
     @property
     def seeds(self) -> list[int]:
+        """The row's seeds, sorted."""
         return sorted(r.record.seed for r in self.records)
 
     @property
@@ -356,6 +357,7 @@ class Row:
         return sum(r.record.spent.tokens for r in self.records)
 
     def spend_by_seed(self) -> list[tuple[int, int]]:
+        """``(seed, trajectories spent)`` for each of the row's records, by seed."""
         return sorted((r.record.seed, r.record.spent.trajectories) for r in self.records)
 
 
@@ -373,10 +375,12 @@ class Group:
 
     @property
     def rank_metric(self) -> str:
+        """The metric the group's rows are ranked by (it depends on the track kind)."""
         return RANK_METRIC[self.kind]
 
     @property
     def title(self) -> str:
+        """``track / env (kind, policy model)``, the heading of the group's table."""
         model = self.policy.get("model") or self.policy.get("name")
         return f"{self.track} / {self.env} ({self.kind}, policy {model})"
 

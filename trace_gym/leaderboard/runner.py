@@ -336,10 +336,12 @@ class RunPlan:
 
     @property
     def config_hash(self) -> str:
+        """Hash of the row's configuration; with the seed, the key a finished record is found by."""
         return config_hash(row_config(self.track, self.env, self.alloc))
 
     @property
     def label(self) -> str:
+        """``track / env / allocator / seed``, as progress and errors name the run."""
         return f"{self.track.name} / {self.env.name} / {self.alloc.key} / seed {self.seed}"
 
 

@@ -59,6 +59,7 @@ class PrefixAffinity:
         return len(self._roots)
 
     def clear(self) -> None:
+        """Forget every recorded prefix (every engine's cache was dropped)."""
         self._roots.clear()
         self._root_lengths.clear()
 

@@ -51,6 +51,7 @@ class EngineActor:
         self.policy = make_policy(backend, **kwargs)
 
     def describe(self) -> dict[str, Any]:
+        """Where the actor runs (Ray node, pid) and its backend's context limit."""
         import os
 
         import ray
@@ -60,15 +61,19 @@ class EngineActor:
                 "sync_modes": sorted(self.policy.sync_modes())}
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """The backend's :meth:`~trace_gym.policies.base.Policy.generate`, run in the actor."""
         return self.policy.generate(prompts, params)
 
     def load_weights(self, weights: Any) -> None:
+        """Load new policy weights into the actor's backend."""
         self.policy.load_weights(weights)
 
     def load_adapter(self, path: str) -> None:
+        """Load the LoRA adapter saved at ``path`` into the actor's backend."""
         self.policy.load_adapter(path)
 
     def reset_cache(self) -> None:
+        """Drop the backend's prefix cache (its entries were computed with old weights)."""
         self.policy.reset_cache()
 
 
@@ -201,6 +206,7 @@ class EngineRouter(Policy):
 
     @property
     def engines(self) -> int:
+        """Number of engines the router spreads generation over."""
         return len(self._engines)
 
     # ------------------------------------------------------------------ rendering

@@ -89,6 +89,8 @@ class EnvWorker:
         return ray.get_runtime_context().get_node_id(), os.getpid()
 
     def step(self, e: int, items: list[tuple[bytes, int | None, str]]) -> list[_Wire | str]:
+        """Run serialised ``(snapshot, branch_id, action)`` items on env ``e``, in order; one
+        result per item, an error text where the step failed."""
         env = self.envs[e]
         out: list[_Wire | str] = []
         for snap, branch_id, action in items:
