@@ -235,6 +235,13 @@ def test_list_names_every_kind_including_plugins(tmp_path):
     assert {"tiny", "smollm2-135m", "acme-model"} <= set(names["models"])
     assert {"hashed", "beta"} <= set(names["predictors"]) and {"grpo", "trace"} <= set(names["advantages"])
     assert {"hf", "openai", "sim"} <= set(names["policies"]) and "trace_gym/MathCalc-v0" in names["envs"]
+    # a module docstring opening with its registered name as a label ("``greso``: GRESO's ...")
+    # is shown without the label, which the name column already shows
+    assert names["allocators"]["greso"]["description"].startswith("GRESO's selective rollouts")
+    assert names["predictors"]["beta"]["description"].startswith("A Beta posterior per prompt")
+    labelled = [(kind, n) for kind, rows in names.items() for n, r in rows.items()
+                if r["description"].startswith((n + ":", n[:1].upper() + n[1:] + ":"))]
+    assert not labelled, labelled
     # the plug-ins reach the commands: an in-process one with --plugin, an installed one by name
     bench = run("--plugin", tmp_path / "mine.py", "bench", "allocators", "--allocators", "grpo,my-grpo,acme-every-other",
                 "--steps", "1", "--prompts", "16", "--trajectories", "32", "--tasks", "64", "--quiet", PYTHONPATH=str(tmp_path))

@@ -18,10 +18,10 @@ from typing import Any, Callable
 KINDS = ("envs", "allocators", "predictors", "advantages", "policies", "models")
 
 
-def _doc(obj: Any) -> str:
+def _doc(obj: Any, name: str = "") -> str:
     from trace_gym.cli.play import _short_doc
 
-    return _short_doc(obj)
+    return _short_doc(obj, name=name)
 
 
 def _static_doc(value: str) -> str | None:
@@ -50,11 +50,11 @@ def _static_doc(value: str) -> str | None:
     return None
 
 
-def _described(value: str, doc: str | None, env_id: str = "") -> str:
+def _described(value: str, doc: str | None, env_id: str = "", name: str = "") -> str:
     from trace_gym.cli.play import _short_doc
 
     holder = type("_Doc", (), {"__doc__": doc})
-    return _short_doc(holder, env_id)
+    return _short_doc(holder, env_id, name)
 
 
 def _ep_source(ep: Any) -> str:
@@ -72,13 +72,13 @@ def _registry_rows(registry: Any) -> list[dict[str, str]]:
         pending = registry.entry_point(name)
         static = _static_doc(pending.value) if pending is not None else None
         if static is not None:
-            row["description"] = _described(pending.value, static)
+            row["description"] = _described(pending.value, static, name=name)
             row["source"] = _ep_source(pending)
             rows.append(row)
             continue
         try:
             obj = registry.get(name)
-            row["description"] = _doc(obj)
+            row["description"] = _doc(obj, name)
             ep = eps.get(name)
             if ep is not None and ep.module == getattr(obj, "__module__", None):
                 row["source"] = _ep_source(ep)

@@ -18,16 +18,19 @@ from typing import Any, TextIO
 __all__ = ["configure_envs", "configure_play", "env_rows", "parse_env_args", "play", "read_turn"]
 
 
-def _short_doc(obj: Any, env_id: str = "") -> str:
+def _short_doc(obj: Any, env_id: str = "", name: str = "") -> str:
     """The first paragraph of a docstring as plain text (reST roles and literals unwrapped,
-    a leading repetition of the env id dropped); a class docstring that defers to its module
-    ("see the module docstring") is replaced by the module's."""
+    a leading repetition of the env id, or a leading ``name:`` label, dropped: the listing
+    shows both in their own column); a class docstring that defers to its module ("see the
+    module docstring") is replaced by the module's."""
 
     def first_paragraph(doc: str | None) -> str:
         text = " ".join((doc or "").strip().split("\n\n", 1)[0].split())
         text = re.sub(r":\w+:`~?([^`]+)`", r"\1", text).replace("``", "")
         if env_id and text.startswith(env_id):
             text = text[len(env_id):].lstrip(" :;—-")
+        if name and re.match(rf"{re.escape(name)}\s*:", text):
+            text = text[len(name):].lstrip(" :")
         return text[:1].upper() + text[1:]
 
     text = first_paragraph(getattr(obj, "__doc__", None))
