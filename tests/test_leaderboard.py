@@ -265,6 +265,66 @@ def test_show_prints_the_ranked_table(runs, capsys):
     assert "trace[adv=trace:scale=group]" in out  # brackets in a row name are printed, not read as markup
 
 
+def test_show_against_a_row_pairs_the_rows_by_seed(runs, tmp_path, capsys):
+    from trace_gym.leaderboard.paired import paired, tokens_to_reach
+
+    # B ran every row on seed 2; keep only its grpo and trace records: merged with A, uniform
+    # then lacks seed 2 and the merge is refused, until --allocators leaves uniform out
+    b_lines = (runs["b"] / "records.jsonl").read_text().splitlines()
+    part = tmp_path / "b-part.jsonl"
+    part.write_text("\n".join(l for l in b_lines if json.loads(l)["allocator"] in ("grpo", "trace")) + "\n")
+    assert run_cli("show", runs["a"], part) == 1
+    capsys.readouterr()
+    assert run_cli("show", runs["a"], part, "--allocators", "grpo,trace", "--against", "grpo") == 0
+    out = capsys.readouterr().out
+    assert out.count("against grpo, paired by seed") == 2  # the allocation and the training group
+    assert "uniform" not in out and "tokens to grpo's final acc." in out
+
+    groups = {g.kind: g for g in rank(_only(load_records([runs["a"], part]), ["grpo", "trace"]))}
+    (alloc,) = paired(groups["allocation"], "grpo")
+    assert alloc.allocator == "trace" and alloc.seeds == [0, 1, 2] and alloc.tokens_to_baseline is None
+    by_seed = {(lr.record.allocator, lr.record.seed): lr.record for r in groups["allocation"].rows for lr in r.records}
+    metric = groups["allocation"].rank_metric
+    assert alloc.metric_diff == pytest.approx([by_seed["trace", s].final[metric] - by_seed["grpo", s].final[metric] for s in (0, 1, 2)])
+    assert alloc.token_ratio == pytest.approx([by_seed["trace", s].spent.tokens / by_seed["grpo", s].spent.tokens for s in (0, 1, 2)])
+    assert alloc.ahead == sum(d > 0 for d in alloc.metric_diff)
+
+    (train,) = paired(groups["training"], "grpo")  # the training track ran only in A: seeds 0 and 1
+    assert train.seeds == [0, 1] and len(train.tokens_to_baseline) == 2
+    tr = {(lr.record.allocator, lr.record.seed): lr.record for r in groups["training"].rows for lr in r.records}
+    for seed, ratio in zip((0, 1), train.tokens_to_baseline):
+        target = tr["grpo", seed].evals[-1].accuracy
+        assert ratio == pytest.approx(tokens_to_reach(tr["trace", seed].evals, target) / tr["grpo", seed].spent.tokens)
+
+
+def _only(records, allocators):
+    return [lr for lr in records if lr.record.allocator in allocators]
+
+
+def test_tokens_to_reach_interpolates_between_evaluations():
+    from trace_gym.leaderboard.paired import t_interval, tokens_to_reach
+    from trace_gym.leaderboard.records import EvalPoint
+
+    evals = [EvalPoint(step=s, trajectories=100 * s, tokens=t, accuracy=a, tasks=128)
+             for s, t, a in [(0, 0, 0.2), (4, 1000, 0.4), (8, 3000, 0.8)]]
+    assert tokens_to_reach(evals, 0.1) == 0.0 and tokens_to_reach(evals, 0.2) == 0.0
+    assert tokens_to_reach(evals, 0.3) == pytest.approx(500.0)
+    assert tokens_to_reach(evals, 0.6) == pytest.approx(2000.0)
+    assert tokens_to_reach(evals, 0.8) == pytest.approx(3000.0) and tokens_to_reach(evals, 0.81) == float("inf")
+    assert tokens_to_reach(list(reversed(evals)), 0.6) == pytest.approx(2000.0)  # by step, not by list order
+    mean, half = t_interval([1.0, 2.0, 3.0])  # sd 1, t(0.975, 2) = 4.303
+    assert mean == 2.0 and half == pytest.approx(4.303 / 3 ** 0.5, abs=1e-3)
+    assert np.isnan(t_interval([0.5])[1]) and t_interval([1.0, float("inf")])[0] == float("inf")
+
+
+def test_show_names_the_rows_there_for_a_misspelt_row(runs, capsys):
+    assert main(["leaderboard", "show", str(runs["a"]), "--allocators", "grpo,trac"]) == 2
+    err = capsys.readouterr().err
+    assert "'trac'" in err and "grpo" in err and "uniform" in err
+    assert main(["leaderboard", "show", str(runs["a"]), "--against", "grp"]) == 2
+    assert "'grp'" in capsys.readouterr().err
+
+
 def test_merge_of_equal_budget_runs(runs, tmp_path):
     out = tmp_path / "merged"
     # run A twice: the same records read twice are kept once

@@ -5,6 +5,7 @@
     trace-gym leaderboard run quick                     # preset configs/suites/quick.yaml
     trace-gym leaderboard run my_suite.yaml --out results/mine
     trace-gym leaderboard show results/quick results/other-machine
+    trace-gym leaderboard show results/a results/b --allocators grpo,trace --against grpo
     trace-gym leaderboard merge results/a results/b --out results/merged
     trace-gym leaderboard suites                        # list the presets
 
@@ -99,11 +100,56 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 1
 
 
+def _only(records, allocators: str | None):
+    """The records of the ``--allocators`` rows (all when None); a name no record has is a
+    usage error naming the ones there are."""
+    if not allocators:
+        return records
+    from trace_gym.cli.errors import UsageError
+
+    wanted = [a.strip() for a in allocators.split(",") if a.strip()]
+    present = sorted({lr.record.allocator for lr in records})
+    unknown = [a for a in wanted if a not in present]
+    if unknown:
+        raise UsageError(f"--allocators: no records of {', '.join(map(repr, unknown))} (rows there: {', '.join(present)})")
+    return [lr for lr in records if lr.record.allocator in wanted]
+
+
+def _print_paired(records, against: str) -> None:
+    """Under the tables: each group's rows against ``against``, paired by seed."""
+    from rich.table import Table
+
+    from trace_gym.leaderboard.paired import paired_table
+
+    console = _console()
+    for group in [g for g in rank(records) if any(r.allocator == against for r in g.rows)]:
+        header, cells = paired_table(group, against)
+        table = Table(title=f"{group.title}: against {against}, paired by seed", title_justify="left")
+        for h in header:
+            table.add_column(h, justify="left" if h in ("allocator", "seeds") else "right")
+        for row in cells:
+            table.add_row(*row)
+        console.print(table)
+    console.print(f"paired by seed: a row minus (or over) {against} on each seed both ran, mean ± half-width of the 95% "
+                  f"Student t-interval over those seeds (no ± for one seed); tokens to {against}'s final acc.: generated "
+                  f"tokens when the row's held-out accuracy first reaches {against}'s final (linear between "
+                  f"evaluations), over {against}'s tokens", highlight=False, soft_wrap=True)
+
+
 def cmd_show(args: argparse.Namespace) -> int:
-    """``leaderboard show RUN...``: merge the runs' records in memory and print the tables."""
+    """``leaderboard show RUN...``: merge the runs' records in memory and print the tables;
+    ``--allocators`` keeps some rows, ``--against ROW`` adds each row against ROW paired by seed."""
     try:
-        records = load_records(args.runs)
-        return _render(records, None, title="trace-gym leaderboard")
+        records = _only(load_records(args.runs), args.allocators)
+        if args.against and args.against not in {lr.record.allocator for lr in records}:
+            from trace_gym.cli.errors import UsageError
+
+            present = sorted({lr.record.allocator for lr in records})
+            raise UsageError(f"--against {args.against!r}: no row of that name (rows: {', '.join(present)})")
+        status = _render(records, None, title="trace-gym leaderboard")
+        if args.against:
+            _print_paired(records, args.against)
+        return status
     except (RecordError, UnequalBudget) as exc:
         _console(stderr=True).print(f"[red]refused:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
         return 1
@@ -158,6 +204,9 @@ def configure_leaderboard(parser: argparse.ArgumentParser) -> None:
                        description="Read records from run folders (or records.jsonl files), refuse bad records and "
                                    "unequal budgets, and print the ranked tables.")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folder or records.jsonl")
+    p.add_argument("--allocators", metavar="A,B", help="show only these rows (e.g. the rows that ran on every seed)")
+    p.add_argument("--against", metavar="ROW", help="also print every row against ROW (e.g. grpo), paired by seed: "
+                                                    "the ranked metric's difference and the tokens, with 95%% intervals")
     p.set_defaults(func=cmd_show)
     p = sub.add_parser("merge", help="merge the records of several runs or machines into one leaderboard",
                        description="Merge records from several runs (checked: schema, budget arithmetic, digest, "
