@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from trace_gym.leaderboard.records import EvalPoint, Group, Row
+from trace_gym.leaderboard.records import EvalPoint, Group, Record, Row
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float]:
@@ -81,7 +81,7 @@ class PairedRow:
         return sum(d > 0 for d in self.metric_diff)
 
 
-def _by_seed(row: Row) -> dict[int, object]:
+def _by_seed(row: Row) -> dict[int, Record]:
     return {lr.record.seed: lr.record for lr in row.records}
 
 
