@@ -34,7 +34,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q --durations=20 tests
 
 run: $(STAMP)
-	$(VENV)/bin/trace-gym leaderboard run quick
+	$(VENV)/bin/trace-gym leaderboard run quick --against grpo
 
 bench: $(STAMP)
 	$(PY) benchmarks/forest_bench.py

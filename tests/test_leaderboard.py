@@ -325,6 +325,20 @@ def test_show_names_the_rows_there_for_a_misspelt_row(runs, capsys):
     assert "'grp'" in capsys.readouterr().err
 
 
+def test_run_and_merge_write_the_paired_tables_and_refuse_an_unknown_row_before_running(runs, tmp_path, capsys):
+    out = tmp_path / "merged"
+    assert run_cli("merge", runs["a"], runs["b"], "--out", out, "--against", "grpo") == 0
+    md = (out / "leaderboard.md").read_text()
+    assert md.count("### against grpo, paired by seed") == 2 and "| trace | 0, 1, 2 |" in md
+    assert "tokens to grpo's final acc." in md and "paired by seed: each row minus" in md
+    assert "against grpo, paired by seed" in (out / "leaderboard.html").read_text()
+    suite = write_suite(tmp_path / "s.yaml", suite_dict("typo", seeds=(0,), steps=1))
+    fresh = tmp_path / "never"
+    assert run_cli("run", suite, "--out", fresh, "--against", "grop", "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert "'grop'" in err and "grpo" in err and not (fresh / "records.jsonl").exists()
+
+
 def test_merge_of_equal_budget_runs(runs, tmp_path):
     out = tmp_path / "merged"
     # run A twice: the same records read twice are kept once

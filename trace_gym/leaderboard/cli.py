@@ -50,17 +50,26 @@ def _provenance(records) -> str:
             f"commit(s) {', '.join(commits)}; {pkg}")
 
 
-def _render(records, out_dir: Path | None, title: str, notes: list[str] | None = None) -> int:
-    """Rank ``records``, print the tables (and ``notes`` under them), and write the leaderboard
-    files into ``out_dir``."""
+def _check_against(records, against: str | None) -> None:
+    """A ``--against`` row that no record has is a usage error naming the rows there are."""
+    present = sorted({lr.record.allocator for lr in records})
+    if against and against not in present:
+        from trace_gym.cli.errors import UsageError
+
+        raise UsageError(f"--against {against!r}: no row of that name (rows: {', '.join(present)})")
+
+
+def _render(records, out_dir: Path | None, title: str, notes: list[str] | None = None, against: str | None = None) -> int:
+    """Rank ``records``, print the tables (and ``notes`` under them; with ``against``, each
+    group's rows against that row, paired by seed), and write the leaderboard files into ``out_dir``."""
     groups = rank(records)
     console = _console()
-    for table in rich_tables(groups, width=console.width):
+    for table in rich_tables(groups, width=console.width, against=against):
         console.print(table)
     for note in notes or []:
         console.print(note, highlight=False, soft_wrap=True)
     if out_dir is not None:
-        files = write_leaderboard(groups, out_dir, title=title, provenance=_provenance(records), notes=notes)
+        files = write_leaderboard(groups, out_dir, title=title, provenance=_provenance(records), notes=notes, against=against)
         console.print(f"leaderboard written to {out_dir}/: " + ", ".join(p.name for p in files.values()))
     return 0
 
@@ -82,6 +91,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise NotADirectoryError(f"--out {out}: exists and is not a folder")
     if out.is_dir() and not args.fresh:
         sort_records(out, plan_suite(whole))  # a bad record file: its file:line, before anything runs
+    rows = sorted({plan.row for plan in plan_suite(spec)})
+    if args.against and args.against not in rows:
+        raise SuiteError(f"--against {args.against!r}: not a row of the suite (rows: {', '.join(rows)})")
     preflight(spec)
     err.print(f"suite {spec.suite!r} from {resolve_suite_path(args.suite)}: {len(spec.tracks)} track(s); results in {out}/",
               highlight=False, soft_wrap=True)
@@ -94,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                      f"(not ranked here).")
     try:
         records = load_records([out])
-        return _render(records, out, title=f"trace-gym leaderboard: {spec.suite}", notes=notes)
+        return _render(records, out, title=f"trace-gym leaderboard: {spec.suite}", notes=notes, against=args.against)
     except (RecordError, UnequalBudget) as exc:
         err.print(f"[red]refused:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
         return 1
@@ -115,41 +127,13 @@ def _only(records, allocators: str | None):
     return [lr for lr in records if lr.record.allocator in wanted]
 
 
-def _print_paired(records, against: str) -> None:
-    """Under the tables: each group's rows against ``against``, paired by seed."""
-    from rich.table import Table
-
-    from trace_gym.leaderboard.paired import paired_table
-
-    console = _console()
-    for group in [g for g in rank(records) if any(r.allocator == against for r in g.rows)]:
-        header, cells = paired_table(group, against)
-        table = Table(title=f"{group.title}: against {against}, paired by seed", title_justify="left")
-        for h in header:
-            table.add_column(h, justify="left" if h in ("allocator", "seeds") else "right")
-        for row in cells:
-            table.add_row(*row)
-        console.print(table)
-    console.print(f"paired by seed: a row minus (or over) {against} on each seed both ran, mean ± half-width of the 95% "
-                  f"Student t-interval over those seeds (no ± for one seed); tokens to {against}'s final acc.: generated "
-                  f"tokens when the row's held-out accuracy first reaches {against}'s final (linear between "
-                  f"evaluations), over {against}'s tokens", highlight=False, soft_wrap=True)
-
-
 def cmd_show(args: argparse.Namespace) -> int:
     """``leaderboard show RUN...``: merge the runs' records in memory and print the tables;
     ``--allocators`` keeps some rows, ``--against ROW`` adds each row against ROW paired by seed."""
     try:
         records = _only(load_records(args.runs), args.allocators)
-        if args.against and args.against not in {lr.record.allocator for lr in records}:
-            from trace_gym.cli.errors import UsageError
-
-            present = sorted({lr.record.allocator for lr in records})
-            raise UsageError(f"--against {args.against!r}: no row of that name (rows: {', '.join(present)})")
-        status = _render(records, None, title="trace-gym leaderboard")
-        if args.against:
-            _print_paired(records, args.against)
-        return status
+        _check_against(records, args.against)
+        return _render(records, None, title="trace-gym leaderboard", against=args.against)
     except (RecordError, UnequalBudget) as exc:
         _console(stderr=True).print(f"[red]refused:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
         return 1
@@ -160,13 +144,14 @@ def cmd_merge(args: argparse.Namespace) -> int:
     out = Path(args.out)
     try:
         records = load_records(args.runs)
+        _check_against(records, args.against)
         rank(records)  # refuse before writing anything
     except (RecordError, UnequalBudget) as exc:
         _console(stderr=True).print(f"[red]refused:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
         return 1
     out.mkdir(parents=True, exist_ok=True)
     write_records(out / "records.jsonl", [lr.record for lr in records])
-    return _render(records, out, title=args.title)
+    return _render(records, out, title=args.title, against=args.against)
 
 
 def cmd_suites(args: argparse.Namespace) -> int:
@@ -181,6 +166,10 @@ def cmd_suites(args: argparse.Namespace) -> int:
         except SuiteError as exc:
             console.print(f"[bold]{name}[/bold]: [red]invalid here:[/red] {exc}", highlight=False)
     return 0
+
+
+_AGAINST_HELP = ("under each table, every row against ROW (e.g. grpo), paired by seed: the ranked metric's difference "
+                 "and the tokens, with 95%% intervals (training: also the tokens to ROW's final accuracy)")
 
 
 def configure_leaderboard(parser: argparse.ArgumentParser) -> None:
@@ -199,14 +188,14 @@ def configure_leaderboard(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--fresh", action="store_true",
                    help="move the records already in --out aside (records-TIMESTAMP.jsonl) and run everything again")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--against", metavar="ROW", help=_AGAINST_HELP)
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("show", help="print the leaderboard of one or more runs (merged in memory)",
                        description="Read records from run folders (or records.jsonl files), refuse bad records and "
                                    "unequal budgets, and print the ranked tables.")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folder or records.jsonl")
     p.add_argument("--allocators", metavar="A,B", help="show only these rows (e.g. the rows that ran on every seed)")
-    p.add_argument("--against", metavar="ROW", help="also print every row against ROW (e.g. grpo), paired by seed: "
-                                                    "the ranked metric's difference and the tokens, with 95%% intervals")
+    p.add_argument("--against", metavar="ROW", help=_AGAINST_HELP)
     p.set_defaults(func=cmd_show)
     p = sub.add_parser("merge", help="merge the records of several runs or machines into one leaderboard",
                        description="Merge records from several runs (checked: schema, budget arithmetic, digest, "
@@ -215,6 +204,7 @@ def configure_leaderboard(parser: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folder or records.jsonl")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the merged leaderboard")
     p.add_argument("--title", default="trace-gym leaderboard (merged)", help="page title")
+    p.add_argument("--against", metavar="ROW", help=_AGAINST_HELP)
     p.set_defaults(func=cmd_merge)
     p = sub.add_parser("suites", help="list the preset suites")
     p.set_defaults(func=cmd_suites)

@@ -116,6 +116,13 @@ def paired(group: Group, against: str) -> list[PairedRow]:
     return out
 
 
+PAIRED_LEGEND = ("paired by seed: each row minus (or over) {row} on each seed both ran, mean ± half-width of the 95% "
+                 "Student t-interval over those seeds (no ± for one seed); ahead on: seeds on which the row's ranked "
+                 "metric is above {row}'s; tokens to {row}'s final acc.: generated tokens when the row's held-out "
+                 "accuracy first reaches {row}'s final one (linear between evaluations), over {row}'s tokens.")
+"""The legend under a paired table (``{row}``: the baseline row)."""
+
+
 def _mean_pm(values: Sequence[float], digits: int, signed: bool = False) -> str:
     if not values:
         return "-"
@@ -148,4 +155,4 @@ def paired_table(group: Group, against: str) -> tuple[list[str], list[list[str]]
     return header, cells
 
 
-__all__ = ["PairedRow", "paired", "paired_table", "t_interval", "tokens_to_reach"]
+__all__ = ["PAIRED_LEGEND", "PairedRow", "paired", "paired_table", "t_interval", "tokens_to_reach"]

@@ -170,10 +170,24 @@ def legend_line(group: Group) -> str:
     return "; ".join(parts) + "."
 
 
+def paired_section(group: Group, against: str | None) -> tuple[str, list[str], list[list[str]], str] | None:
+    """``(title, header, cells, legend)`` of the group's rows against ``against`` paired by seed
+    (:mod:`trace_gym.leaderboard.paired`); None without ``against``, when the group has no such
+    row, or when no other row shares a seed with it."""
+    from trace_gym.leaderboard.paired import PAIRED_LEGEND, paired_table
+
+    if not against or all(r.allocator != against for r in group.rows):
+        return None
+    head, body = paired_table(group, against)
+    if not body:
+        return None
+    return f"against {against}, paired by seed", head, body, PAIRED_LEGEND.format(row=against)
+
+
 def render_markdown(groups: Sequence[Group], *, title: str = "trace-gym leaderboard", plots: Sequence[str] = (),
-                    notes: Sequence[str] = ()) -> str:
-    """The leaderboard as Markdown: one table per group (with its budget and legend lines),
-    ``notes``, then links to the plots."""
+                    notes: Sequence[str] = (), against: str | None = None) -> str:
+    """The leaderboard as Markdown: one table per group (with its budget and legend lines, and
+    with ``against`` its rows against that row, paired by seed), ``notes``, then links to the plots."""
     out = [f"# {title}", ""]
     for g in groups:
         head, body = _table(g)
@@ -181,6 +195,12 @@ def render_markdown(groups: Sequence[Group], *, title: str = "trace-gym leaderbo
                 "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
         out += ["| " + " | ".join(r) + " |" for r in body]
         out += ["", legend_line(g), ""]
+        section = paired_section(g, against)
+        if section is not None:
+            sub, head, body, legend = section
+            out += [f"### {sub}", "", "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+            out += ["| " + " | ".join(r) + " |" for r in body]
+            out += ["", legend, ""]
     for note in notes:
         out += [note, ""]
     for p in plots:
@@ -188,9 +208,10 @@ def render_markdown(groups: Sequence[Group], *, title: str = "trace-gym leaderbo
     return "\n".join(out)
 
 
-def rich_tables(groups: Sequence[Group], width: int | None = None):
+def rich_tables(groups: Sequence[Group], width: int | None = None, against: str | None = None):
     """:class:`rich.table.Table` objects for the terminal, one per group (captioned with its
-    budget and legend lines). Nothing is cut: with ``width`` (the console's), a group's table
+    budget and legend lines), each followed with ``against`` by the group's rows against that
+    row, paired by seed. Nothing is cut: with ``width`` (the console's), a group's table
     wider than that is split into narrower ones that each repeat the rank and allocator
     columns; every column folds rather than ending a name with an ellipsis."""
     from trace_gym.cli.tables import fitted_tables
@@ -201,6 +222,11 @@ def rich_tables(groups: Sequence[Group], width: int | None = None):
         tables += fitted_tables(head, body, width or 10**6, keep=2, title=g.title,
                                 caption=_budget_line(g) + "\n" + legend_line(g), left=("allocator", "adv."),
                                 title_justify="left", caption_justify="left")
+        section = paired_section(g, against)
+        if section is not None:
+            sub, head, body, legend = section
+            tables += fitted_tables(head, body, width or 10**6, keep=1, title=f"{g.title}: {sub}", caption=legend,
+                                    left=("allocator", "seeds"), title_justify="left", caption_justify="left")
     return tables
 
 
@@ -339,9 +365,10 @@ figcaption{color:#5a6273;font-size:.88em}
 
 
 def render_html(groups: Sequence[Group], plots: Sequence[Path], *, title: str = "trace-gym leaderboard",
-                provenance: str = "", notes: Sequence[str] = ()) -> str:
-    """A static, self-contained HTML page: the tables (with their budget and legend lines),
-    ``notes`` and the plots (embedded base64 PNGs)."""
+                provenance: str = "", notes: Sequence[str] = (), against: str | None = None) -> str:
+    """A static, self-contained HTML page: the tables (with their budget and legend lines, and
+    with ``against`` each group's rows against that row, paired by seed), ``notes`` and the
+    plots (embedded base64 PNGs)."""
     e = html.escape
     parts = ["<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>",
              f"<title>{e(title)}</title><style>{_CSS}</style></head><body>", f"<h1>{e(title)}</h1>"]
@@ -358,6 +385,13 @@ def render_html(groups: Sequence[Group], plots: Sequence[Path], *, title: str = 
             parts.append(f"<tr{cls}>{cells}</tr>")
         parts.append("</tbody></table></div>")
         parts.append(legend)
+        section = paired_section(g, against)
+        if section is not None:
+            sub, head, body, paired_legend = section
+            parts.append(f"<h3>{e(sub)}</h3><div class='scroll'><table><thead><tr>"
+                         + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr></thead><tbody>")
+            parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in body]
+            parts.append(f"</tbody></table></div><p class='meta'>{e(paired_legend)}</p>")
     for note in notes:
         parts.append(f"<p class='meta'>{e(note)}</p>")
     for p in plots:
@@ -369,18 +403,18 @@ def render_html(groups: Sequence[Group], plots: Sequence[Path], *, title: str = 
 
 
 def write_leaderboard(groups: Sequence[Group], out_dir: Path, *, title: str = "trace-gym leaderboard",
-                      provenance: str = "", notes: Sequence[str] | None = None) -> dict[str, Path]:
-    """Write ``leaderboard.md``, ``leaderboard.html`` (with ``notes`` under the tables) and the
-    PNG plots into ``out_dir``."""
+                      provenance: str = "", notes: Sequence[str] | None = None, against: str | None = None) -> dict[str, Path]:
+    """Write ``leaderboard.md``, ``leaderboard.html`` (with ``notes`` under the tables, and with
+    ``against`` each group's rows against that row, paired by seed) and the PNG plots into ``out_dir``."""
     out_dir = Path(out_dir)
     notes = list(notes or [])
     plots = write_plots(groups, out_dir)
     md = out_dir / "leaderboard.md"
-    md.write_text(render_markdown(groups, title=title, plots=[p.name for p in plots], notes=notes))
+    md.write_text(render_markdown(groups, title=title, plots=[p.name for p in plots], notes=notes, against=against))
     page = out_dir / "leaderboard.html"
-    page.write_text(render_html(groups, plots, title=title, provenance=provenance, notes=notes))
+    page.write_text(render_html(groups, plots, title=title, provenance=provenance, notes=notes, against=against))
     return {"markdown": md, "html": page, **{p.stem: p for p in plots}}
 
 
-__all__ = ["LEGEND", "METRIC_LABELS", "PLOTS", "evaluation_set_line", "legend_line", "plot_accuracy", "plot_effective_ratio", "render_html", "render_markdown",
+__all__ = ["LEGEND", "METRIC_LABELS", "PLOTS", "evaluation_set_line", "legend_line", "paired_section", "plot_accuracy", "plot_effective_ratio", "render_html", "render_markdown",
            "rich_tables", "write_leaderboard", "write_plots"]

@@ -340,6 +340,14 @@ class RunPlan:
         return config_hash(row_config(self.track, self.env, self.alloc))
 
     @property
+    def row(self) -> str:
+        """The row name the record and the leaderboard give the run: the allocator's key, with
+        the track-wide predictor or advantage marked where it replaces the allocator's own."""
+        t, a = self.track, self.alloc
+        return row_label(a.spec, base=a.key, predictor=None if a.predictor is not None else t.predictor,
+                         advantage=None if a.advantage is not None else t.advantage)
+
+    @property
     def label(self) -> str:
         """``track / env / allocator / seed``, as progress and errors name the run."""
         return f"{self.track.name} / {self.env.name} / {self.alloc.key} / seed {self.seed}"
@@ -372,9 +380,7 @@ def _seal(spec: SuiteSpec, plan: RunPlan, result: RunResult, run_id: str, proven
     policy = t.policy.model_dump(mode="json")
     return make_record(
         run=run_id, suite=spec.suite, track=t.name, kind=t.kind, env=plan.env.name, env_id=plan.env.id,
-        env_kwargs=plan.env.kwargs, allocator=row_label(plan.alloc.spec, base=plan.alloc.key,  # a track-wide override shows in the name
-                                                            predictor=None if plan.alloc.predictor is not None else t.predictor,
-                                                            advantage=None if plan.alloc.advantage is not None else t.advantage),
+        env_kwargs=plan.env.kwargs, allocator=plan.row,
         allocator_name=plan.alloc.name,
         allocator_kwargs=plan.alloc.kwargs, policy=policy, predictor=_name(resolve_predictor(t, plan.alloc)),
         advantage=str(resolve_advantage(t, plan.alloc)), seed=plan.seed,
