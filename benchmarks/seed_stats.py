@@ -9,28 +9,9 @@ folder is on ``sys.path``).
 from __future__ import annotations
 
 import math
-import statistics
 
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
-def t975(df: int) -> float:
-    """Student's t 97.5% quantile: the table to 9 degrees of freedom, beyond it the
-    Cornish-Fisher expansion around the normal quantile (within 0.003 of the exact value)."""
-    if df in T975:
-        return T975[df]
-    z = 1.959964
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-
-
-def interval(xs: list[float]) -> tuple[float, float]:
-    """(mean, half-width of the 95% t-interval); inf if any value is inf; half-width nan for one value."""
-    if any(math.isinf(x) for x in xs):
-        return math.inf, math.nan
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return m, math.nan
-    return m, t975(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+# the 95% Student t-interval the leaderboard's paired tables use: one definition for both
+from trace_gym.leaderboard.paired import t_interval as interval
 
 
 def fmt(mi: tuple[float, float], pct: bool = False, digits: int = 2) -> str:
@@ -63,4 +44,4 @@ def paired_table(values: dict[str, dict[int, float]], against: str, what: str, s
     return lines
 
 
-__all__ = ["T975", "fmt", "interval", "paired_table", "t975"]
+__all__ = ["fmt", "interval", "paired_table"]
