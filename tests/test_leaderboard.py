@@ -287,7 +287,7 @@ def test_show_against_a_row_pairs_the_rows_by_seed(runs, tmp_path, capsys):
     metric = groups["allocation"].rank_metric
     assert alloc.metric_diff == pytest.approx([by_seed["trace", s].final[metric] - by_seed["grpo", s].final[metric] for s in (0, 1, 2)])
     assert alloc.token_ratio == pytest.approx([by_seed["trace", s].spent.tokens / by_seed["grpo", s].spent.tokens for s in (0, 1, 2)])
-    assert alloc.ahead == sum(d > 0 for d in alloc.metric_diff)
+    assert alloc.ahead == sum(d > 0 for d in alloc.metric_diff) and alloc.level == sum(d == 0 for d in alloc.metric_diff)
 
     (train,) = paired(groups["training"], "grpo")  # the training track ran only in A: seeds 0 and 1
     assert train.seeds == [0, 1] and len(train.tokens_to_baseline) == 2

@@ -80,6 +80,11 @@ class PairedRow:
         """Seeds on which the row's rank metric is above the baseline's."""
         return sum(d > 0 for d in self.metric_diff)
 
+    @property
+    def level(self) -> int:
+        """Seeds on which the row's rank metric equals the baseline's."""
+        return sum(d == 0 for d in self.metric_diff)
+
 
 def _by_seed(row: Row) -> dict[int, Record]:
     return {lr.record.seed: lr.record for lr in row.records}
@@ -118,7 +123,7 @@ def paired(group: Group, against: str) -> list[PairedRow]:
 
 PAIRED_LEGEND = ("paired by seed: each row minus (or over) {row} on each seed both ran, mean ± half-width of the 95% "
                  "Student t-interval over those seeds (no ± for one seed); ahead on: seeds on which the row's ranked "
-                 "metric is above {row}'s; tokens to {row}'s final acc.: generated tokens when the row's held-out "
+                 "metric is above {row}'s (level: equal to it); tokens to {row}'s final acc.: generated tokens when the row's held-out "
                  "accuracy first reaches {row}'s final one (linear between evaluations), over {row}'s tokens.")
 """The legend under a paired table (``{row}``: the baseline row)."""
 
@@ -148,7 +153,7 @@ def paired_table(group: Group, against: str) -> tuple[list[str], list[list[str]]
     cells = []
     for p in paired(group, against):
         row = [p.allocator, ", ".join(map(str, p.seeds)), _mean_pm(p.metric_diff, 3, signed=True),
-               f"{p.ahead} of {len(p.metric_diff)}", _mean_pm(p.token_ratio, 2)]
+               f"{p.ahead} of {len(p.metric_diff)}" + (f" ({p.level} level)" if p.level else ""), _mean_pm(p.token_ratio, 2)]
         if p.tokens_to_baseline is not None:
             row.append(_reach_cell(p.tokens_to_baseline) if p.tokens_to_baseline else "-")
         cells.append(row)
