@@ -266,6 +266,7 @@ def test_show_prints_the_ranked_table(runs, capsys):
 
 
 def test_show_against_a_row_pairs_the_rows_by_seed(runs, tmp_path, capsys):
+    from trace_gym.leaderboard.cli import _only
     from trace_gym.leaderboard.paired import paired, tokens_to_reach
 
     # B ran every row on seed 2; keep only its grpo and trace records: merged with A, uniform
@@ -280,7 +281,7 @@ def test_show_against_a_row_pairs_the_rows_by_seed(runs, tmp_path, capsys):
     assert out.count("against grpo, paired by seed") == 2  # the allocation and the training group
     assert "uniform" not in out and "tokens to grpo's final acc." in out
 
-    groups = {g.kind: g for g in rank(_only(load_records([runs["a"], part]), ["grpo", "trace"]))}
+    groups = {g.kind: g for g in rank(_only(load_records([runs["a"], part]), "grpo,trace"))}
     (alloc,) = paired(groups["allocation"], "grpo")
     assert alloc.allocator == "trace" and alloc.seeds == [0, 1, 2] and alloc.tokens_to_baseline is None
     by_seed = {(lr.record.allocator, lr.record.seed): lr.record for r in groups["allocation"].rows for lr in r.records}
@@ -295,10 +296,6 @@ def test_show_against_a_row_pairs_the_rows_by_seed(runs, tmp_path, capsys):
     for seed, ratio in zip((0, 1), train.tokens_to_baseline):
         target = tr["grpo", seed].evals[-1].accuracy
         assert ratio == pytest.approx(tokens_to_reach(tr["trace", seed].evals, target) / tr["grpo", seed].spent.tokens)
-
-
-def _only(records, allocators):
-    return [lr for lr in records if lr.record.allocator in allocators]
 
 
 def test_tokens_to_reach_interpolates_between_evaluations():

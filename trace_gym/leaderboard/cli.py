@@ -50,9 +50,14 @@ def _provenance(records) -> str:
             f"commit(s) {', '.join(commits)}; {pkg}")
 
 
+def _rows(records) -> list[str]:
+    """The row names (allocators) the records hold, sorted."""
+    return sorted({lr.record.allocator for lr in records})
+
+
 def _check_against(records, against: str | None) -> None:
     """A ``--against`` row that no record has is a usage error naming the rows there are."""
-    present = sorted({lr.record.allocator for lr in records})
+    present = _rows(records)
     if against and against not in present:
         from trace_gym.cli.errors import UsageError
 
@@ -120,7 +125,7 @@ def _only(records, allocators: str | None):
     from trace_gym.cli.errors import UsageError
 
     wanted = [a.strip() for a in allocators.split(",") if a.strip()]
-    present = sorted({lr.record.allocator for lr in records})
+    present = _rows(records)
     unknown = [a for a in wanted if a not in present]
     if unknown:
         raise UsageError(f"--allocators: no records of {', '.join(map(repr, unknown))} (rows there: {', '.join(present)})")

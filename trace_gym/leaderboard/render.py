@@ -184,6 +184,12 @@ def paired_section(group: Group, against: str | None) -> tuple[str, list[str], l
     return f"against {against}, paired by seed", head, body, PAIRED_LEGEND.format(row=against)
 
 
+def _md_table(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines: the header, its rule, one line per row."""
+    return ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|",
+            *("| " + " | ".join(r) + " |" for r in body)]
+
+
 def render_markdown(groups: Sequence[Group], *, title: str = "trace-gym leaderboard", plots: Sequence[str] = (),
                     notes: Sequence[str] = (), against: str | None = None) -> str:
     """The leaderboard as Markdown: one table per group (with its budget and legend lines, and
@@ -191,16 +197,11 @@ def render_markdown(groups: Sequence[Group], *, title: str = "trace-gym leaderbo
     out = [f"# {title}", ""]
     for g in groups:
         head, body = _table(g)
-        out += [f"## {g.title}", "", _budget_line(g), "",
-                "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-        out += ["| " + " | ".join(r) + " |" for r in body]
-        out += ["", legend_line(g), ""]
+        out += [f"## {g.title}", "", _budget_line(g), "", *_md_table(head, body), "", legend_line(g), ""]
         section = paired_section(g, against)
         if section is not None:
             sub, head, body, legend = section
-            out += [f"### {sub}", "", "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-            out += ["| " + " | ".join(r) + " |" for r in body]
-            out += ["", legend, ""]
+            out += [f"### {sub}", "", *_md_table(head, body), "", legend, ""]
     for note in notes:
         out += [note, ""]
     for p in plots:
