@@ -70,6 +70,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 from seed_stats import fmt, interval, paired_table  # this script's own folder: run as a script, it is on sys.path
+from trace_gym.leaderboard.paired import first_reach
 from trace_gym.sim.difficulty import DEFAULT_DIFFICULTY
 
 STAGE1 = ("uniform", "paper", "posterior")
@@ -147,17 +148,9 @@ def _job(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def reach(curve: list[dict[str, Any]], target: float, key: str) -> float:
-    """``key`` spent when the held-out accuracy first reaches ``target`` (linear between steps); inf if never."""
-    prev = curve[0]
-    if prev["test_success"] >= target:
-        return 0.0
-    for point in curve[1:]:
-        if point["test_success"] >= target:
-            a, b = prev["test_success"], point["test_success"]
-            frac = (target - a) / (b - a) if b > a else 1.0
-            return prev[key] + frac * (point[key] - prev[key])
-        prev = point
-    return math.inf
+    """``key`` spent when the held-out accuracy first reaches ``target`` (the package's
+    :func:`~trace_gym.leaderboard.paired.first_reach`: linear between steps, inf if never)."""
+    return first_reach([p[key] for p in curve], [p["test_success"] for p in curve], target)
 
 
 def run_part(args: argparse.Namespace, learn: float, rows: list[dict[str, Any]], advantages: tuple[str | None, ...]) -> dict:

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 from seed_stats import paired_table  # this script's own folder: run as a script, it is on sys.path
+from trace_gym.leaderboard.paired import first_reach
 
 ROOT = Path(__file__).resolve().parent.parent
 ACC = "eval/{env}/mean@k"
@@ -130,15 +131,9 @@ def curve(run_dir: Path, env_name: str, key: str = "mean@k") -> dict[str, np.nda
 
 def trajectories_to_reach(c: dict[str, np.ndarray], target: float, x: str = "trajectories") -> float:
     """Trajectories (or tokens, ``x="tokens"``) at which a curve first reaches ``target``
-    (linear interpolation between evaluations; inf if it never does)."""
-    acc, traj = c["acc"], c[x]
-    for i in range(len(acc)):
-        if acc[i] >= target - 1e-12:
-            if i == 0:
-                return float(traj[0])
-            a0, a1 = acc[i - 1], acc[i]
-            return float(traj[i - 1] + (target - a0) / max(a1 - a0, 1e-12) * (traj[i] - traj[i - 1]))
-    return float("inf")
+    (the package's :func:`~trace_gym.leaderboard.paired.first_reach`: linear between
+    evaluations, inf if it never does)."""
+    return first_reach(c[x], c["acc"], target)
 
 
 def mean_curve_ratio(tcs: list[dict[str, np.ndarray]], gcs: list[dict[str, np.ndarray]], key: str) -> float:

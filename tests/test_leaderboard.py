@@ -299,7 +299,7 @@ def test_show_against_a_row_pairs_the_rows_by_seed(runs, tmp_path, capsys):
 
 
 def test_tokens_to_reach_interpolates_between_evaluations():
-    from trace_gym.leaderboard.paired import t_interval, tokens_to_reach
+    from trace_gym.leaderboard.paired import first_reach, t_interval, tokens_to_reach
     from trace_gym.leaderboard.records import EvalPoint
 
     evals = [EvalPoint(step=s, trajectories=100 * s, tokens=t, accuracy=a, tasks=128)
@@ -309,6 +309,13 @@ def test_tokens_to_reach_interpolates_between_evaluations():
     assert tokens_to_reach(evals, 0.6) == pytest.approx(2000.0)
     assert tokens_to_reach(evals, 0.8) == pytest.approx(3000.0) and tokens_to_reach(evals, 0.81) == float("inf")
     assert tokens_to_reach(list(reversed(evals)), 0.6) == pytest.approx(2000.0)  # by step, not by list order
+    # a curve first evaluated after some spend reaches a target its first point meets there, not at 0
+    assert first_reach([500, 900], [0.5, 0.7], 0.4) == 500.0 and first_reach([500, 900], [0.5, 0.7], 0.6) == pytest.approx(700.0)
+    # a seed-averaged curve tying the target up to rounding reaches it
+    assert (0.1 + 0.7 + 0.3) / 3 < (0.3 + 0.7 + 0.1) / 3
+    assert first_reach([0, 100], [0.1, (0.1 + 0.7 + 0.3) / 3], (0.3 + 0.7 + 0.1) / 3) == 100.0
+    with pytest.raises(ValueError, match="2 spend values for 3 accuracies"):
+        first_reach([0, 1], [0.1, 0.2, 0.3], 0.2)
     mean, half = t_interval([1.0, 2.0, 3.0])  # sd 1, t(0.975, 2) = 4.303
     assert mean == 2.0 and half == pytest.approx(4.303 / 3 ** 0.5, abs=1e-3)
     assert np.isnan(t_interval([0.5])[1]) and t_interval([1.0, float("inf")])[0] == float("inf")

@@ -43,22 +43,29 @@ def t_interval(values: Sequence[float]) -> tuple[float, float]:
     return float(xs.mean()), float(half)
 
 
-def tokens_to_reach(evals: Sequence[EvalPoint], target: float) -> float:
-    """Generated tokens at which held-out accuracy first reaches ``target``: 0 when the first
-    evaluation already does, linear between the two evaluations around the crossing, inf when
-    no evaluation reaches it."""
-    points = sorted(evals, key=lambda e: e.step)
-    if not points:
-        return math.inf
-    prev = points[0]
-    if prev.accuracy >= target:
-        return 0.0
-    for point in points[1:]:
-        if point.accuracy >= target:
-            frac = (target - prev.accuracy) / (point.accuracy - prev.accuracy)
-            return prev.tokens + frac * (point.tokens - prev.tokens)
-        prev = point
+def first_reach(spent: Sequence[float], accuracy: Sequence[float], target: float) -> float:
+    """Where an accuracy curve first reaches ``target``: ``spent`` (tokens, trajectories) and
+    ``accuracy`` are the curve's points in order. The first point's spend when it already
+    reaches it, linear between the two points around the crossing, inf when none reaches it."""
+    if len(spent) != len(accuracy):
+        raise ValueError(f"first_reach: {len(spent)} spend values for {len(accuracy)} accuracies")
+    for i, acc in enumerate(accuracy):
+        # the tolerance keeps a seed-averaged curve that ties the target (summed in another
+        # order) from missing it by a rounding error
+        if acc >= target - 1e-12:
+            if i == 0:
+                return float(spent[0])
+            a0 = accuracy[i - 1]
+            frac = min(1.0, (target - a0) / (acc - a0)) if acc > a0 else 1.0
+            return float(spent[i - 1] + frac * (spent[i] - spent[i - 1]))
     return math.inf
+
+
+def tokens_to_reach(evals: Sequence[EvalPoint], target: float) -> float:
+    """Generated tokens at which held-out accuracy first reaches ``target`` over the
+    evaluations in step order (:func:`first_reach`)."""
+    points = sorted(evals, key=lambda e: e.step)
+    return first_reach([e.tokens for e in points], [e.accuracy for e in points], target)
 
 
 @dataclass
