@@ -55,8 +55,9 @@ def first_reach(spent: Sequence[float], accuracy: Sequence[float], target: float
         if acc >= target - 1e-12:
             if i == 0:
                 return float(spent[0])
+            # the point before is below target - 1e-12 and this one is not, so acc > a0
             a0 = accuracy[i - 1]
-            frac = min(1.0, (target - a0) / (acc - a0)) if acc > a0 else 1.0
+            frac = min(1.0, (target - a0) / (acc - a0))
             return float(spent[i - 1] + frac * (spent[i] - spent[i - 1]))
     return math.inf
 
