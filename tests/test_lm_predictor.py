@@ -102,17 +102,13 @@ def test_predictors_of_one_process_share_embeddings(data, segments):
     assert trace_gym.make_predictor("lm", segments=segments, max_length=64)._cache is not first._cache
 
 
-def test_policy_backbone_encoder_learns_and_stays_frozen(data):
-    """encoder='policy': the policy's own transformer (here a small Qwen3) encodes histories;
-    the predictor's training never changes the policy's weights."""
+def _tiny_policy(hs):
+    """A small Qwen3 and a word-level tokenizer over the histories' words."""
     transformers = pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    hs, ys = data
     tok = Tokenizer(models.WordLevel({"[UNK]": 0, "[PAD]": 1}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel()
-    from tokenizers import trainers
-
     tok.train_from_iterator([h.prompt for h in hs] + ["\n".join(h.steps) for h in hs],
                             trainers.WordLevelTrainer(special_tokens=["[UNK]", "[PAD]"]))
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]")
@@ -120,6 +116,14 @@ def test_policy_backbone_encoder_learns_and_stays_frozen(data):
     model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
         num_key_value_heads=1, head_dim=16, max_position_embeddings=512)).eval()
+    return model, tokenizer
+
+
+def test_policy_backbone_encoder_learns_and_stays_frozen(data):
+    """encoder='policy': the policy's own transformer (here a small Qwen3) encodes histories;
+    the predictor's training never changes the policy's weights."""
+    hs, ys = data
+    model, tokenizer = _tiny_policy(hs)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     pred = trace_gym.make_predictor("lm", encoder="policy", seed=0)
     with pytest.raises(RuntimeError, match="attach"):
@@ -130,6 +134,54 @@ def test_policy_backbone_encoder_learns_and_stays_frozen(data):
         pred.update(hs[:60], ys[:60], np.ones(60))
     assert _auc(pred.predict(hs[60:]), ys[60:]) > 0.9
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_policy_encoder_replays_pairs_with_the_updated_weights(data):
+    """After a policy update (and ``refresh``), the head trains on replayed pairs encoded by
+    the new weights, never on the features they had under the old ones; the replay buffer
+    survives a state_dict round trip."""
+    hs, ys = data
+    model, tokenizer = _tiny_policy(hs)
+    pred = trace_gym.make_predictor("lm", encoder="policy", seed=0, epochs=1)
+    pred.attach(model, tokenizer)
+    pred.update(hs[:40], ys[:40])
+    old = pred.features(hs[:40])
+    with torch.no_grad():  # a policy update
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    pred.refresh()
+    now = pred.features(hs[:80])
+    assert not torch.allclose(old, now[:40], atol=1e-4)  # the update moved every replayed feature
+    seen: list = []
+    hook = pred.head.register_forward_hook(lambda module, inputs, out: seen.append(inputs[0].detach()))
+    pred.update(hs[40:80], ys[40:80])
+    hook.remove()
+    rows = torch.cat(seen)
+    assert len(rows) == 80  # 40 new pairs and 40 replayed
+    gap_now = torch.cdist(rows, now, compute_mode="donot_use_mm_for_euclid_dist").min(1).values
+    gap_old = torch.cdist(rows[gap_now > 1e-5], old, compute_mode="donot_use_mm_for_euclid_dist").min(1).values
+    assert gap_now.max() < 1e-5, f"{int((gap_now > 1e-5).sum())} training rows are not current features ({int((gap_old < 1e-5).sum())} are stale ones)"
+    state = pred.state_dict()
+    fresh = trace_gym.make_predictor("lm", encoder="policy", seed=0, epochs=1)
+    fresh.attach(model, tokenizer)
+    fresh.load_state_dict(state)
+    assert [h.prompt for h in fresh._buf_h] == [h.prompt for h in hs[:80]]
+    np.testing.assert_allclose(fresh.predict(hs[80:]), pred.predict(hs[80:]), atol=1e-6)
+
+
+def test_an_earlier_feature_buffer_loads_with_a_warning(data):
+    """A state written when the buffer held features restores the head and starts an empty buffer."""
+    hs, ys = data
+    pred = trace_gym.make_predictor("lm", seed=0)
+    pred.update(hs[:20], ys[:20])
+    state = pred.state_dict()
+    state["buffer"] = (pred.features(hs[:20]), state["buffer"][1], state["buffer"][2])
+    other = trace_gym.make_predictor("lm", seed=1)
+    with pytest.warns(UserWarning, match="replay buffer"):
+        other.load_state_dict(state)
+    assert other._buf_h == [] and len(other._buf_y) == 0
+    np.testing.assert_allclose(other.predict(hs[20:30]), pred.predict(hs[20:30]), atol=1e-6)
+    other.update(hs[20:30], ys[20:30])  # and it trains on
 
 
 def test_turn_segments_encode_each_new_turn_once_and_read_the_last_one():

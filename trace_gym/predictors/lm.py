@@ -4,7 +4,8 @@ V(H) is read from sentence embeddings of the history plus depth features, throug
 two-layer MLP trained online with binary cross-entropy on backed-up values V_hat in [0, 1],
 each pair weighted by the number of leaves under its node (the paper's n_y). A replay buffer
 of recent (features, target, weight) triples keeps the head from forgetting earlier steps'
-prompts. The encoder never trains, and its embeddings are cached per text; every predictor
+prompts; it keeps the histories, and a replayed pair is encoded again when it is trained on, so
+its features are the current encoder's. The encoder never trains, and its embeddings are cached per text; every predictor
 in a process with the same frozen encoder, device and ``max_length`` reads and fills one
 cache (a text's embedding does not depend on what it is encoded with, see
 :meth:`LMPredictor._embed_texts`), so runs after the first in a process encode only texts
@@ -27,8 +28,8 @@ Encoders:
 * a local directory or hub id of any encoder ``AutoModel`` loads (mean pooling);
 * ``"policy"``: the policy's own backbone, frozen (no gradient flows from the predictor);
   the trainer hands it over with :meth:`LMPredictor.attach` and calls :meth:`refresh`
-  after each policy update, since its features then change (the replay buffer keeps the
-  features its pairs had when stored). Synchronous training only: an overlapping update
+  after each policy update, since its features then change (replayed pairs are encoded
+  again with the updated weights). Synchronous training only: an overlapping update
   would change the weights while they encode.
 """
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import threading
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Sequence
@@ -93,7 +95,7 @@ class LMPredictor(Predictor):
         epochs: passes over (new pairs + an equal-sized replay sample) per ``update``.
         batch_size: minibatch size for head training.
         encode_rows: rows per encoder forward (fixed, see ``_embed_texts``).
-        replay: pairs kept in the replay buffer.
+        replay: ``(history, target, weight)`` triples kept in the replay buffer.
         prior: the prediction before any update.
         cache_size: embeddings kept in the per-text cache (a cache shared with other predictors
             is trimmed to the size of the one that fills it).
@@ -146,7 +148,7 @@ class LMPredictor(Predictor):
         self.head: _Head | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.n_updates = 0
-        self._buf_x = torch.zeros(0)
+        self._buf_h: list[History] = []
         self._buf_y = torch.zeros(0)
         self._buf_w = torch.zeros(0)
         if encoder != "policy":
@@ -303,10 +305,12 @@ class LMPredictor(Predictor):
         w = torch.ones_like(y) if weights is None else torch.as_tensor(np.asarray(weights, dtype=np.float32))
         x = self.features(histories)
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.n_updates)
-        if self._buf_x.numel():
-            k = min(len(self._buf_y), len(y))
-            pick = torch.randperm(len(self._buf_y), generator=gen)[:k]
-            tx, ty, tw = torch.cat([x, self._buf_x[pick]]), torch.cat([y, self._buf_y[pick]]), torch.cat([w, self._buf_w[pick]])
+        if self._buf_h:
+            k = min(len(self._buf_h), len(y))
+            pick = torch.randperm(len(self._buf_h), generator=gen)[:k]
+            # encoded now, not when stored: under encoder="policy" features move with the policy
+            replayed = self.features([self._buf_h[i] for i in pick.tolist()])
+            tx, ty, tw = torch.cat([x, replayed]), torch.cat([y, self._buf_y[pick]]), torch.cat([w, self._buf_w[pick]])
         else:
             tx, ty, tw = x, y, w
         tw = tw / tw.mean().clamp(min=1e-8)
@@ -321,7 +325,7 @@ class LMPredictor(Predictor):
                 loss.backward()
                 self.optimizer.step()
         self.head.eval()
-        self._buf_x = torch.cat([self._buf_x.reshape(-1, x.shape[1]), x])[-self.replay :]
+        self._buf_h = (self._buf_h + list(histories))[-self.replay :]
         self._buf_y = torch.cat([self._buf_y, y])[-self.replay :]
         self._buf_w = torch.cat([self._buf_w, w])[-self.replay :]
         self.n_updates += 1
@@ -331,7 +335,7 @@ class LMPredictor(Predictor):
         return copy.deepcopy({  # a snapshot: later updates must not write into it
             "head": self.head.state_dict() if self.head is not None else None,
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
-            "buffer": (self._buf_x, self._buf_y, self._buf_w),
+            "buffer": (self._buf_h, self._buf_y, self._buf_w),
             "n_updates": self.n_updates,
         })
 
@@ -342,7 +346,13 @@ class LMPredictor(Predictor):
                 self._init_head((state["head"]["net.0.weight"].shape[1] - 2) // SEGMENTS[self.segments])
             self.head.load_state_dict(state["head"])
             self.optimizer.load_state_dict(state["optimizer"])
-        self._buf_x, self._buf_y, self._buf_w = state["buffer"]
+        kept, self._buf_y, self._buf_w = state["buffer"]
+        if isinstance(kept, torch.Tensor):  # an earlier version's buffer of features: no histories to encode again
+            warnings.warn("this lm predictor state's replay buffer holds features, not histories (an earlier "
+                          "trace-gym wrote it): the head and its optimizer are restored, the replay buffer starts empty",
+                          stacklevel=2)
+            kept, self._buf_y, self._buf_w = [], torch.zeros(0), torch.zeros(0)
+        self._buf_h = list(kept)
         self.n_updates = int(state["n_updates"])
 
 
