@@ -3,9 +3,9 @@
 V(H) is read from sentence embeddings of the history plus depth features, through a
 two-layer MLP trained online with binary cross-entropy on backed-up values V_hat in [0, 1],
 each pair weighted by the number of leaves under its node (the paper's n_y). A replay buffer
-of recent (features, target, weight) triples keeps the head from forgetting earlier steps'
-prompts; it keeps the histories, and a replayed pair is encoded again when it is trained on, so
-its features are the current encoder's. The encoder never trains, and its embeddings are cached per text; every predictor
+of recent (history, target, weight) triples keeps the head from forgetting earlier steps'
+prompts; a replayed history is encoded when it is trained on, so its features are the current
+encoder's. The encoder never trains, and its embeddings are cached per text; every predictor
 in a process with the same frozen encoder, device and ``max_length`` reads and fills one
 cache (a text's embedding does not depend on what it is encoded with, see
 :meth:`LMPredictor._embed_texts`), so runs after the first in a process encode only texts
