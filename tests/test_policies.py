@@ -359,3 +359,22 @@ def test_sampling_follows_the_temperature_scaled_distribution():
     assert abs((hot == 0).double().mean().item() - p0) < 0.01
     nucleus, _ = _sample(logits, SamplingParams(temperature=1.0, top_p=0.5), torch.Generator().manual_seed(2))
     assert set(nucleus.tolist()) == {2}  # the smallest set with mass >= 0.5 is the 0.6 token alone
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "all -inf"])
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_sampler_refuses_a_row_without_a_distribution(bad, temperature):
+    """A row whose logits hold a NaN or +inf (or only -inf) stops the call with an error naming
+    it, instead of yielding an arbitrary token with a NaN log-prob for the trainer to use."""
+    from trace_gym.policies.hf import _sample
+
+    logits = torch.randn(4, 10)
+    logits[:, 3] = float("-inf")  # a masked token is a valid distribution
+    tok, lp = _sample(logits, SamplingParams(temperature=temperature), torch.Generator().manual_seed(0))
+    assert torch.isfinite(lp).all() and not (tok == 3).any()
+    if bad == "all -inf":
+        logits[2] = float("-inf")
+    else:
+        logits[2, 5] = bad
+    with pytest.raises(FloatingPointError, match=r"1 of 4 rows \(rows \[2\]\)"):
+        _sample(logits, SamplingParams(temperature=temperature), torch.Generator().manual_seed(0))

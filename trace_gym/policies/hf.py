@@ -529,8 +529,17 @@ class _RowsLayer:
 
 
 def _sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row; return (tokens, their log-probs under softmax(logits / T))."""
+    """Sample one token per row; return (tokens, their log-probs under softmax(logits / T)).
+
+    Raises :class:`FloatingPointError` when a row's logits hold a NaN or +inf, or no finite
+    value (-inf alone, a masked token, is fine): such a row has no distribution to sample."""
     logits = logits.float()
+    # amax is NaN when any entry is, +inf when any is, -inf when all are: one reduction checks all three
+    bad = ~torch.isfinite(logits.amax(dim=-1))
+    if bool(bad.any()):
+        rows = bad.nonzero().squeeze(1).tolist()
+        raise FloatingPointError(f"the model's logits are NaN or infinite in {len(rows)} of {logits.shape[0]} rows "
+                                 f"(rows {rows[:8]}{' ...' if len(rows) > 8 else ''}): no token sampled")
     if params.temperature <= 0:
         logp = torch.log_softmax(logits, dim=-1)
         tok = logp.argmax(dim=-1)
