@@ -230,6 +230,18 @@ def test_a_small_store_evicting_entries_mid_call_stays_exact(policy):
     assert sum(g.info["reused_prefix_tokens"] for g in gens) > 0
 
 
+def test_the_batch_caps_leave_a_wave_they_do_not_split_as_sampled(policy):
+    """max_batch_size and max_batch_tokens are part of a run (HFPolicy's docstring): a wave
+    that two settings both generate in one chunk samples the same tokens from the same seed."""
+    from trace_gym.policies.hf import HFPolicy
+
+    prompts = [policy.render_prompt([{"role": "user", "content": f"Add {i} and {i + 1}."}]) for i in range(4)]
+    params = SamplingParams(max_new_tokens=6, seed=11)
+    runs = [HFPolicy(policy.model, tokenizer=policy.tokenizer, max_batch_size=size, kv_cache_tokens=0).generate(prompts, params)
+            for size in (4, 64)]
+    assert [g.token_ids for g in runs[0]] == [g.token_ids for g in runs[1]]
+
+
 @pytest.mark.slow
 def test_weight_sync_changes_the_policy_and_invalidates_the_prefix_store(policy, tmp_path):
     prompt = policy.render_prompt(MESSAGES)

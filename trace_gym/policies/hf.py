@@ -212,6 +212,9 @@ class HFPolicy(ChatPolicy):
         dtype: default bfloat16 on CUDA, float32 on CPU.
         max_batch_size: rows per forward pass; a larger wave is generated in chunks.
         max_batch_tokens: cap on rows x padded length per chunk (bounds activation memory).
+            Both are part of the run, not only of its speed: the chunks draw from one seeded
+            random stream in turn, so a value that splits a wave differently samples
+            different tokens from the same seed (a wave both leave in one chunk is unaffected).
         share_prefix: prefill prefixes shared within a call once per group.
         kv_cache_tokens: capacity of the :class:`PrefixKVStore` in tokens (0: no store).
             The default, 16384, is ~750 MB for SmolLM2-135M in fp32.
