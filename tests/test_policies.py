@@ -242,6 +242,40 @@ def test_the_batch_caps_leave_a_wave_they_do_not_split_as_sampled(policy):
     assert [g.token_ids for g in runs[0]] == [g.token_ids for g in runs[1]]
 
 
+def test_the_row_sampler_samples_the_same_tokens_under_any_batch_caps(policy):
+    """sampler="row" (HFPolicy's docstring): prompt i's token t uses entry (i, t) of a table of
+    uniforms drawn up front, so chunking a wave differently (and the rows around it) changes no
+    row's tokens, where the default "wave" stream hands the chunks other draws."""
+    from trace_gym.policies.hf import HFPolicy
+
+    prompts = [policy.render_prompt([{"role": "user", "content": f"Add {i} and {i + 1}{'!' * i}."}]) for i in range(5)]
+    params = SamplingParams(max_new_tokens=8, seed=3)
+
+    def tokens(sampler, size, rows=prompts):
+        small = HFPolicy(policy.model, tokenizer=policy.tokenizer, max_batch_size=size, kv_cache_tokens=0, sampler=sampler)
+        gens = small.generate(rows, params)
+        assert_matches_teacher_forcing(small, rows, gens)
+        return [g.token_ids for g in gens]
+
+    whole = tokens("row", 64)
+    assert tokens("row", 2) == whole
+    assert tokens("row", 1) == whole
+    # a row's tokens do not depend on the rows beside it, only on its index in the call
+    swapped = prompts[:2] + [prompts[0]] + prompts[3:]
+    assert [t for i, t in enumerate(tokens("row", 64, swapped)) if i != 2] == [t for i, t in enumerate(whole) if i != 2]
+    # the contrast: the wave stream gives the chunks other draws (and seeds differ per call)
+    assert tokens("wave", 1) != tokens("wave", 64)
+    assert tokens("row", 64) != [g.token_ids for g in HFPolicy(policy.model, tokenizer=policy.tokenizer, sampler="row")
+                                 .generate(prompts, SamplingParams(max_new_tokens=8, seed=4))]
+
+
+def test_an_unknown_sampler_is_refused(policy):
+    from trace_gym.policies.hf import HFPolicy
+
+    with pytest.raises(ValueError, match="sampler must be one of 'wave', 'row'"):
+        HFPolicy(policy.model, tokenizer=policy.tokenizer, sampler="per-row")
+
+
 @pytest.mark.slow
 def test_weight_sync_changes_the_policy_and_invalidates_the_prefix_store(policy, tmp_path):
     prompt = policy.render_prompt(MESSAGES)

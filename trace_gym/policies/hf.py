@@ -36,6 +36,9 @@ import torch
 from trace_gym.policies.chat import ChatPolicy, ChatTemplate
 from trace_gym.policies.base import Generation, SamplingParams
 
+#: how a seeded call's random stream reaches its rows (see :class:`HFPolicy`'s ``sampler``)
+SAMPLERS = ("wave", "row")
+
 # ----------------------------------------------------------------------------- grouping
 
 
@@ -212,9 +215,21 @@ class HFPolicy(ChatPolicy):
         dtype: default bfloat16 on CUDA, float32 on CPU.
         max_batch_size: rows per forward pass; a larger wave is generated in chunks.
         max_batch_tokens: cap on rows x padded length per chunk (bounds activation memory).
-            Both are part of the run, not only of its speed: the chunks draw from one seeded
-            random stream in turn, so a value that splits a wave differently samples
-            different tokens from the same seed (a wave both leave in one chunk is unaffected).
+            With ``sampler="wave"`` both are part of the run, not only of its speed: the
+            chunks draw from one seeded random stream in turn, so a value that splits a wave
+            differently samples different tokens from the same seed (a wave both leave in one
+            chunk is unaffected).
+        sampler: how a seeded call's random stream reaches its rows. ``"wave"`` (default):
+            one stream, one uniform per live row per step in the order the rows sit in their
+            chunks, so a row's draws depend on the chunking, on the prefix store's contents
+            (they set the row order) and on when the other rows stop; one token that comes
+            out differently (another CPU's rounding) changes every later draw of the call.
+            ``"row"``: the call draws a ``(prompts, max_new_tokens)`` table of uniforms up
+            front and prompt i's token t uses entry (i, t), so a row's tokens depend only on
+            the seed, its index and its own logits: the same under any batch caps or store
+            state up to floating-point rounding, as the vllm and openai backends' per-request
+            seeds are. The default stays ``"wave"`` because the README's measured figures
+            were sampled with it and reproduce bit for bit only with it.
         share_prefix: prefill prefixes shared within a call once per group.
         kv_cache_tokens: capacity of the :class:`PrefixKVStore` in tokens (0: no store).
             The default, 16384, is ~750 MB for SmolLM2-135M in fp32.
@@ -244,8 +259,13 @@ class HFPolicy(ChatPolicy):
         chat_template: str | None = None,
         tools_in_template: bool | None = None,
         num_threads: int | None = None,
+        sampler: str = "wave",
     ):
         from trace_gym.policies.models import load_model
+
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {', '.join(map(repr, SAMPLERS))}, got {sampler!r}")
+        self.sampler = sampler
 
         if num_threads:
             torch.set_num_threads(int(num_threads))
@@ -382,8 +402,11 @@ class HFPolicy(ChatPolicy):
         gen = None
         if params.seed is not None:
             gen = torch.Generator(device=self.device).manual_seed(int(params.seed))
+        table = None
+        if self.sampler == "row" and params.temperature > 0:
+            table = torch.rand((len(prompts), params.max_new_tokens), generator=gen, device=self.device)
         for chunk in self._chunks(self._units(prompts), prompts):
-            self._generate_chunk(chunk, prompts, params, out, gen)
+            self._generate_chunk(chunk, prompts, params, out, gen, table)
         return out  # type: ignore[return-value]
 
     def _forward(self, ids, mask, pos, cache):
@@ -452,9 +475,11 @@ class HFPolicy(ChatPolicy):
             kv = [(layer.keys[r].index_select(1, pos), layer.values[r].index_select(1, pos)) for layer in cache.layers]
             self.store.put(ids, kv)
 
-    def _generate_chunk(self, chunk: list[_Unit], prompts, params: SamplingParams, out, gen) -> None:
+    def _generate_chunk(self, chunk: list[_Unit], prompts, params: SamplingParams, out, gen, table=None) -> None:
         dev = self.device
         rows = [i for u in chunk for i in u.members]
+        # with sampler="row": each row's column of uniforms, in the chunk's row order
+        own = None if table is None else table.index_select(0, torch.tensor(rows, device=dev))
         shared = [u.shared for u in chunk for _ in u.members]
         n = len(rows)
         cache, prefix_mask = self._prefix_cache(chunk, prompts, rows)
@@ -487,7 +512,7 @@ class HFPolicy(ChatPolicy):
         stop = torch.tensor(sorted(self.stop_ids), device=dev)
         store = self.store.max_tokens > 0
         for step in range(params.max_new_tokens):
-            tok, lp = _sample(logits, params, gen)
+            tok, lp = _sample(logits, params, gen, None if own is None else own[live, step:step + 1])
             tok_l, lp_l = tok.tolist(), lp.tolist()
             done = torch.isin(tok, stop)
             live_l, done_l = live.tolist(), done.tolist()
@@ -531,8 +556,10 @@ class _RowsLayer:
     values: torch.Tensor
 
 
-def _sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None,
+            uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; return (tokens, their log-probs under softmax(logits / T)).
+    ``uniforms`` (rows x 1, in [0, 1)) are the rows' draws; default: drawn here from ``gen``.
 
     Raises :class:`FloatingPointError` when a row's logits hold a NaN or +inf, or no finite
     value (-inf alone, a masked token, is fine): such a row has no distribution to sample."""
@@ -558,6 +585,8 @@ def _sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator |
     # search per row (multinomial over a 49k vocabulary costs ~15 ms per row batch on a CPU);
     # right=True never lands on a zero-probability token (its CDF equals its predecessor's)
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand((probs.shape[0], 1), generator=gen, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    if uniforms is None:
+        uniforms = torch.rand((probs.shape[0], 1), generator=gen, device=probs.device, dtype=cdf.dtype)
+    u = uniforms.to(cdf.dtype) * cdf[:, -1:]
     tok = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[1] - 1).squeeze(1)
     return tok, logp.gather(1, tok[:, None]).squeeze(1)
