@@ -182,6 +182,20 @@ def test_esr_ceiling_posterior_is_exact_and_rules_order_as_they_must():
         mod.main(["--rules", "grpo,psychic"])
 
 
+def test_sampler_divergence_counts_rows_that_differ(capsys):
+    """The sampler bench: a rerun of one setting differs in no row, and under sampler="row"
+    neither does a batch cap that splits the wave (the table the README quotes)."""
+    mod = _benchmark_module("sampler_divergence")
+    assert mod.differing_rows([[[1, 2], [3]], [[4]]], [[[1, 2], [3, 5]], [[4]]]) == 1
+    mod.main(["--rows", "4", "--seeds", "1", "--new-tokens", "4", "--samplers", "row"])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("row "))
+    rerun, halves = row.split()[1:3]
+    assert (rerun, halves) == ("0", "0")
+    with pytest.raises(SystemExit):
+        mod.main(["--rows", "1"])
+
+
 def test_ablation_grid_pairs_rows_by_seed(tmp_path, capsys):
     """--against: each row minus the reference on the same seed, so what the seeds share
     (the pool, the world) drops out of the interval; non-finite seeds are left out and counted."""

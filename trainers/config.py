@@ -72,7 +72,7 @@ class RolloutSection(_Section):
     stream_share: float = Field(1.0, ge=0, le=1, description="With streaming: the share of the stage-2 budget planned per prompt as its stage 1 ends (split in proportion to its stage-1 rollouts); the rest is planned over the whole forest once everything in flight is done.")
     mode: Literal["sync", "async"] = Field("sync", description="'async': the generation of the next step(s) overlaps this step's update, at most max_staleness updates behind (trace_gym/rollout/async_step.py); turns loss.is_correction on unless set. The 'hf' backend then generates with its own copy of the weights, synced before each generation. 'sync' (default): generate, then update.")
     max_staleness: int = Field(1, ge=1, description="With mode 'async': how many updates a step's rollouts may lag the weights they train.")
-    policy_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra arguments of the rollout backend (hf: share_prefix, kv_cache_tokens, max_batch_tokens; vllm: dtype, enforce_eager, max_model_len, gpu_memory_utilization, block_size ...; openai: dialect, concurrency, timeout, weight_sync, sync_dir ...).")
+    policy_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra arguments of the rollout backend (hf: share_prefix, kv_cache_tokens, max_batch_tokens, sampler ('row' makes a row's tokens independent of the batch caps; see HFPolicy); vllm: dtype, enforce_eager, max_model_len, gpu_memory_utilization, block_size ...; openai: dialect, concurrency, timeout, weight_sync, sync_dir ...).")
 
     @model_validator(mode="after")
     def _check_backend(self) -> "RolloutSection":
