@@ -25,7 +25,7 @@ from trace_gym.leaderboard import (
     RecordError, SuiteError, UnequalBudget, load_records, load_suite, parse_suite, rank,
 )
 from trace_gym.leaderboard.records import compute_digest
-from trace_gym.provenance import cpu_info
+from trace_gym.provenance import KERNEL_ENV_VARS, cpu_info
 
 ALLOCATORS = ["grpo", "uniform", "trace"]
 M, CANDIDATES, STEPS = 256, 128, 4
@@ -438,6 +438,21 @@ def test_records_written_before_the_cpu_was_recorded_still_load_and_keep_their_d
     assert [lr.record.to_json() for lr in loaded] == old
     assert run_cli("merge", tmp_path, runs["a"], "--out", tmp_path / "m") == 0
     assert len(load_records([tmp_path / "m"])) == len(old) + len(load_records([runs["a"]]))
+
+
+def test_a_run_with_kernels_held_to_another_isa_says_so(tmp_path, monkeypatch):
+    # MKL_CBWR (or an ATen / oneDNN ISA cap) makes this CPU round as another would; torch's own
+    # capability does not show MKL's, so the record must carry the variable itself
+    for name in KERNEL_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    assert "kernel_env" not in cpu_info()
+    monkeypatch.setenv("MKL_CBWR", "AVX2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    suite = write_suite(tmp_path / "held.yaml", suite_dict("held", seeds=(0,), steps=1, allocators=["grpo"]))
+    assert run_cli("run", suite, "--out", tmp_path / "held", "--no-progress") == 0
+    (record,) = [lr.record for lr in load_records([tmp_path / "held"])]
+    assert record.cpu["kernel_env"] == "MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2"
+    assert f"CPU(s) {record.cpu['cpu']} [MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2]" in (tmp_path / "held" / "leaderboard.html").read_text()
 
 
 def test_duplicate_seed_from_another_run_is_refused(runs, tmp_path):

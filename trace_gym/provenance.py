@@ -9,12 +9,18 @@ benchmark all record these, from this one module.
 
 from __future__ import annotations
 
+import os
 import platform
 import socket
 import subprocess
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+# Environment variables that override the kernels torch, MKL and oneDNN would pick for the CPU
+# (an ISA cap or MKL's reproducibility branch); a run under any of them rounds as another CPU would.
+KERNEL_ENV_VARS = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE",
+                   "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 
 _VERSION_PACKAGES = ("trace-gym", "numpy", "numba", "gymnasium", "pydantic", "torch", "transformers", "tokenizers", "vllm")
 
@@ -32,8 +38,10 @@ def package_versions() -> dict[str, str]:
 
 def cpu_info() -> dict[str, str]:
     """The host CPU as far as it decides float results: its model name (key ``cpu``), family /
-    model / stepping (``cpu_id``, from ``/proc/cpuinfo`` where there is one, else absent) and the
-    vector ISA torch dispatches to (``torch_cpu_capability``, where torch is installed)."""
+    model / stepping (``cpu_id``, from ``/proc/cpuinfo`` where there is one, else absent), the
+    vector ISA torch dispatches to (``torch_cpu_capability``, where torch is installed) and
+    ``kernel_env``: those of :data:`KERNEL_ENV_VARS` that are set, as ``NAME=value`` joined by
+    spaces (absent when none is, so a record of the kernels the CPU picks for itself is unchanged)."""
     fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
@@ -55,6 +63,9 @@ def cpu_info() -> dict[str, str]:
         out["torch_cpu_capability"] = str(torch.backends.cpu.get_cpu_capability())
     except Exception:  # torch absent or too old: the rest still identifies the host
         pass
+    forced = [f"{name}={os.environ[name]}" for name in KERNEL_ENV_VARS if os.environ.get(name)]
+    if forced:
+        out["kernel_env"] = " ".join(forced)
     return out
 
 

@@ -42,7 +42,9 @@ def _provenance(records) -> str:
     runs = sorted({lr.record.run for lr in records})
     commits = sorted({lr.record.git_commit[:12] for lr in records})
     hosts = sorted({lr.record.host for lr in records})
-    cpus = sorted({lr.record.cpu.get("cpu", "") for lr in records} - {""})
+    # a record made with kernels held to another ISA says so: it rounds as another CPU would
+    cpus = sorted({lr.record.cpu.get("cpu", "") + (f" [{lr.record.cpu['kernel_env']}]" if lr.record.cpu.get("kernel_env") else "")
+                   for lr in records} - {""})
     versions = records[0].record.versions
     pkg = ", ".join(f"{k} {v}" for k, v in versions.items())
     cpu = f"CPU(s) {', '.join(cpus)}; " if cpus else ""  # records written before the CPU was recorded have none
