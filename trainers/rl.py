@@ -205,7 +205,7 @@ class RLTrainer:
         self._async_state: dict[str, Any] | None = None  # what a checkpoint holds of the generator's side (async)
         if r.mode == "async" and update is not None:
             self.stepper = Step(self.source, resolved, cfg.budget.prompts, streaming=r.streaming, stream_share=r.stream_share)
-            self.async_step = AsyncStep(self.stepper, update if self.sim else self._update_policy, sync=self._clear_policy_cache,
+            self.async_step = AsyncStep(self.stepper, update if self.sim else self._update_policy, sync=self._sync_weights,
                                         max_staleness=r.max_staleness, before_next=self._snapshot_generator)
         else:
             self.stepper = Step(self.source, resolved, cfg.budget.prompts, update=update, streaming=r.streaming,
@@ -344,7 +344,9 @@ class RLTrainer:
         if self.async_step is not None:  # the next steps' generations overlap this update
             result = self.async_step.run(self.step_index, prefetch=cfg.steps - step)
         else:
-            self._clear_policy_cache()
+            # weights the rollout policy lacks (a resumed run's, a server's first sync); the
+            # source empties its prefix cache itself, so evaluation's KV cannot reach the step
+            self._sync_weights()
             result = self.stepper.run(self.step_index)
 
         # 7. metrics, checkpoint
@@ -383,15 +385,6 @@ class RLTrainer:
             "predictor": self.predictor.state_dict() if self.predictor is not None else None,
             "env_rng": [env.np_random.bit_generator.state for env in self.envs],
         })
-
-    def _clear_policy_cache(self) -> None:
-        # The rollout policy first gets any weights it lacks (a resumed run's, a server's
-        # first sync). A KV prefix cache carried over from other calls (evaluation) would make
-        # this step's numerics depend on them; a resumed run must see exactly what the original saw.
-        self._sync_weights()
-        reset = getattr(self.policy, "reset_cache", None)
-        if reset is not None:
-            reset()
 
     # ------------------------------------------------------------------ 5: policy update
 
@@ -624,7 +617,7 @@ class RLTrainer:
                     out[f"eval/{name}/exact_success"] = world.mean_success("test")
         finally:
             restore_rng(rng)
-            self._clear_policy_cache()
+            self._sync_weights()
         return out
 
     def _log_eval_only(self, step: int) -> None:

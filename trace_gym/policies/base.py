@@ -121,7 +121,8 @@ class Policy(ABC):
 
     def reset_cache(self) -> None:
         """Drop cached prefix KV, so the next :meth:`generate` does not depend on earlier
-        calls (a trainer calls it at the start of every step). The default does nothing."""
+        calls (:class:`~trace_gym.rollout.source.EngineSource` calls it at the start of every step).
+        The default does nothing."""
 
     def close(self) -> None:
         """Release resources (HTTP clients, engines). Safe to call more than once."""
