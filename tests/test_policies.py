@@ -213,6 +213,31 @@ def test_prefill_accounting_with_and_without_reuse(policy):
     assert all(g.info["reused_prefix_tokens"] == 0 for g in gens)
 
 
+def test_a_store_lookup_depends_only_on_what_was_stored_since_it_was_emptied():
+    """Several entries can match a prompt equally far (a branch's prefix lies in every
+    trajectory that went on from it). Which one serves it must not depend on how many
+    entries the store held before its last clear(): a leaderboard track's rows share one
+    policy, and each step empties the store."""
+    from trace_gym.policies.hf import PrefixKVStore
+
+    prefix = list(range(100, 132))  # two blocks of 16
+    branch = prefix + [7]
+
+    def served(earlier: int):
+        store = PrefixKVStore(max_tokens=10_000)
+        for k in range(earlier):  # an earlier step's entries, then the step's clear()
+            store.put(list(range(1000 + 40 * k, 1032 + 40 * k)), [("earlier", k)])
+        store.clear()
+        store.put(prefix + [1, 2, 3], [("first",)])
+        store.put(prefix + [4, 5, 6], [("second",)])
+        entry, length = store.match(branch)
+        return store.get(entry), length
+
+    chosen = {earlier: served(earlier) for earlier in range(12)}
+    assert all(length == len(prefix) for _, length in chosen.values())
+    assert {kv[0] for kv, _ in chosen.values()} == {("second",)}  # the newest, whatever came before
+
+
 @pytest.mark.slow
 def test_a_small_store_evicting_entries_mid_call_stays_exact(policy):
     """Chunks of one call store new entries that evict older ones another chunk matched:

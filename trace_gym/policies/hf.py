@@ -107,6 +107,8 @@ class PrefixKVStore:
     one, as in vLLM's automatic prefix caching), so a lookup costs one pass over the prompt.
     An entry that is a prefix of a newer one is dropped (the newer one serves both).
     Entries are evicted least-recently-used first once they hold more than ``max_tokens``.
+    Of several entries that match a lookup equally far, the newest serves it, so a lookup
+    depends only on what was stored since the last :meth:`clear`.
     """
 
     def __init__(self, max_tokens: int, block: int = 16):
@@ -151,7 +153,9 @@ class PrefixKVStore:
             length, limit = start, min(len(entry.ids), len(ids))
             while length < limit and entry.ids[length] == ids[length]:
                 length += 1
-            if length > best_len:
+            # among equal matches the newest entry: a set's order follows the ids' values,
+            # which depend on how many entries the store held before (clear() keeps counting)
+            if length > best_len or (length == best_len and e > best):
                 best, best_len = e, length
         if self._entries[best].ids[:start] != list(ids[:start]):  # a hash collision: treat as a miss
             return -1, 0
