@@ -617,7 +617,6 @@ class RLTrainer:
                     out[f"eval/{name}/exact_success"] = world.mean_success("test")
         finally:
             restore_rng(rng)
-            self._sync_weights()
         return out
 
     def _log_eval_only(self, step: int) -> None:
