@@ -321,6 +321,35 @@ def test_tokens_to_reach_interpolates_between_evaluations():
     assert np.isnan(t_interval([0.5])[1]) and t_interval([1.0, float("inf")])[0] == float("inf")
 
 
+def test_a_baseline_that_ended_no_higher_than_it_started_gives_no_tokens_to_its_final(runs):
+    """make run's tiny MathCalc track once printed trace reaching grpo's final with 0.00 x its
+    tokens: grpo had ended below the step-0 accuracy both rows started from."""
+    from dataclasses import replace
+
+    from trace_gym.leaderboard.paired import paired, paired_table, tokens_to_reach
+
+    training = [lr for lr in load_records([runs["a"]]) if lr.record.kind == "training" and lr.record.allocator in ("grpo", "trace")]
+    by = {(lr.record.allocator, lr.record.seed): lr.record for lr in training}
+    start = min(by["grpo", 0].evals[0].accuracy, by["trace", 0].evals[0].accuracy)
+
+    def fell_back(lr):  # grpo ends seed 0 no higher than where both rows started
+        r = lr.record
+        if (r.allocator, r.seed) != ("grpo", 0):
+            return lr
+        evals = sorted(r.evals, key=lambda e: e.step)
+        return replace(lr, record=r.model_copy(update={"evals": evals[:-1] + [evals[-1].model_copy(update={"accuracy": start})]}))
+
+    (group,) = rank([fell_back(lr) for lr in training])
+    assert tokens_to_reach(by["trace", 0].evals, start) == 0.0  # what the table showed before
+    (trace,) = paired(group, "grpo")
+    assert trace.seeds == [0, 1] and np.isnan(trace.tokens_to_baseline[0])
+    target = by["grpo", 1].evals[-1].accuracy
+    assert trace.tokens_to_baseline[1] == pytest.approx(tokens_to_reach(by["trace", 1].evals, target) / by["grpo", 1].spent.tokens)
+    head, (cells,) = paired_table(group, "grpo")
+    cell = cells[head.index("tokens to grpo's final acc. (x grpo's tokens; by seed)")]
+    assert cell.startswith("reached on ") and ", 1 n/a (n/a / " in cell and "0.00" not in cell
+
+
 def test_show_names_the_rows_there_for_a_misspelt_row(runs, capsys):
     assert main(["leaderboard", "show", str(runs["a"]), "--allocators", "grpo,trac"]) == 2
     err = capsys.readouterr().err

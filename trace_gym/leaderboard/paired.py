@@ -10,7 +10,9 @@ the baseline. For every other row of a group, over the seeds it shares with the 
 * the generated tokens, as a multiple of the baseline's;
 * training only, the tokens to the baseline's final accuracy: the generated tokens at which
   the row's held-out accuracy first reaches the baseline's final one (linear between its
-  evaluations; never, if it does not), as a multiple of the tokens the baseline spent.
+  evaluations; never, if it does not), as a multiple of the tokens the baseline spent. Where
+  the baseline ended no higher than its first evaluation there is no gain to reach (a row
+  from the same start would "reach" it with no tokens at all), so that seed's figure is n/a.
 
 Each is a mean with the half-width of a 95% Student t-interval over the seeds (none for one
 seed).
@@ -69,13 +71,25 @@ def tokens_to_reach(evals: Sequence[EvalPoint], target: float) -> float:
     return first_reach([e.tokens for e in points], [e.accuracy for e in points], target)
 
 
+def tokens_to_baseline_final(evals: Sequence[EvalPoint], baseline: Sequence[EvalPoint], baseline_tokens: int) -> float:
+    """Tokens at which ``evals`` first reach the final accuracy of the ``baseline``
+    evaluations, over ``baseline_tokens`` (inf: never). NaN where that figure would measure
+    nothing: the baseline's final accuracy is not above its first evaluation (no gain to
+    reach), or it spent no tokens."""
+    points = sorted(baseline, key=lambda e: e.step)
+    if not baseline_tokens or (len(points) > 1 and points[-1].accuracy <= points[0].accuracy):
+        return math.nan
+    return tokens_to_reach(evals, points[-1].accuracy) / baseline_tokens
+
+
 @dataclass
 class PairedRow:
     """One row against the baseline, seed by seed (lists in the order of ``seeds``).
 
     ``metric_diff``: the rank metric minus the baseline's; ``token_ratio``: generated tokens
     over the baseline's; ``tokens_to_baseline``: tokens to the baseline's final accuracy over
-    the baseline's tokens (inf where never reached; None for allocation groups)."""
+    the baseline's tokens (inf where never reached, NaN where the baseline did not gain on its
+    first evaluation: :func:`tokens_to_baseline_final`; None for allocation groups)."""
 
     allocator: str
     seeds: list[int]
@@ -123,8 +137,7 @@ def paired(group: Group, against: str) -> list[PairedRow]:
                 diff.append(r.final[metric] - b.final[metric])
             ratio.append(r.spent.tokens / b.spent.tokens if b.spent.tokens else math.nan)
             if group.kind == "training" and b.evals and r.evals:
-                target = max(b.evals, key=lambda e: e.step).accuracy
-                reach.append(tokens_to_reach(r.evals, target) / b.spent.tokens if b.spent.tokens else math.nan)
+                reach.append(tokens_to_baseline_final(r.evals, b.evals, b.spent.tokens))
         out.append(PairedRow(row.allocator, seeds, diff, ratio, reach if group.kind == "training" else None))
     return out
 
@@ -132,7 +145,8 @@ def paired(group: Group, against: str) -> list[PairedRow]:
 PAIRED_LEGEND = ("paired by seed: each row minus (or over) {row} on each seed both ran, mean ± half-width of the 95% "
                  "Student t-interval over those seeds (no ± for one seed); ahead on: seeds on which the row's ranked "
                  "metric is above {row}'s (level: equal to it); tokens to {row}'s final acc.: generated tokens when the row's held-out "
-                 "accuracy first reaches {row}'s final one (linear between evaluations), over {row}'s tokens.")
+                 "accuracy first reaches {row}'s final one (linear between evaluations), over {row}'s tokens "
+                 "(n/a: {row}'s final acc. is not above its first evaluation, so there is no gain to reach).")
 """The legend under a paired table (``{row}``: the baseline row)."""
 
 
@@ -145,11 +159,15 @@ def _mean_pm(values: Sequence[float], digits: int, signed: bool = False) -> str:
 
 
 def _reach_cell(values: Sequence[float]) -> str:
-    reached = [v for v in values if not math.isinf(v)]
-    per_seed = " / ".join("never" if math.isinf(v) else f"{v:.2f}" for v in values)
+    defined = [v for v in values if not math.isnan(v)]
+    reached = [v for v in defined if not math.isinf(v)]
+    per_seed = " / ".join("n/a" if math.isnan(v) else "never" if math.isinf(v) else f"{v:.2f}" for v in values)
+    if len(values) == 1 or not defined:
+        return per_seed
     if len(reached) == len(values):
-        return f"{_mean_pm(values, 2)} ({per_seed})" if len(values) > 1 else per_seed
-    return f"reached on {len(reached)} of {len(values)} seeds ({per_seed})"
+        return f"{_mean_pm(values, 2)} ({per_seed})"
+    na = len(values) - len(defined)
+    return f"reached on {len(reached)} of {len(defined)} seeds" + (f", {na} n/a" if na else "") + f" ({per_seed})"
 
 
 def paired_table(group: Group, against: str) -> tuple[list[str], list[list[str]]]:
@@ -168,4 +186,4 @@ def paired_table(group: Group, against: str) -> tuple[list[str], list[list[str]]
     return header, cells
 
 
-__all__ = ["PAIRED_LEGEND", "PairedRow", "paired", "paired_table", "t_interval", "tokens_to_reach"]
+__all__ = ["PAIRED_LEGEND", "PairedRow", "paired", "paired_table", "t_interval", "tokens_to_baseline_final", "tokens_to_reach"]
