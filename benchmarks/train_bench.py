@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -136,20 +137,29 @@ def trajectories_to_reach(c: dict[str, np.ndarray], target: float, x: str = "tra
     return first_reach(c[x], c["acc"], target)
 
 
+def ratio_to_grpo_final(tc: dict[str, np.ndarray], gc: dict[str, np.ndarray], key: str) -> float:
+    """Trajectories (``key="trajectories"``) or tokens curve ``tc`` needs to first reach the
+    final accuracy of grpo's curve ``gc``, over grpo's (inf: never reached). NaN where grpo
+    ended no higher than it started: there is no gain to reach, and a row from the same start
+    would "reach" it at 0."""
+    if gc["acc"][-1] <= gc["acc"][0]:
+        return math.nan
+    return trajectories_to_reach(tc, float(gc["acc"][-1]), key) / float(gc[key][-1])
+
+
 def mean_curve_ratio(tcs: list[dict[str, np.ndarray]], gcs: list[dict[str, np.ndarray]], key: str) -> float:
-    """Trajectories (``key="trajectories"``) or tokens trace's seed-averaged curve needs to first
-    reach grpo's seed-averaged final accuracy, over grpo's (inf: never reached)."""
+    """:func:`ratio_to_grpo_final` on the seed-averaged curves."""
     def avg(cs):
         return {"acc": np.mean([c["acc"] for c in cs], axis=0), "trajectories": cs[0]["trajectories"],
                 "tokens": np.mean([c["tokens"] for c in cs], axis=0)}
-    tm, gm = avg(tcs), avg(gcs)
-    return trajectories_to_reach(tm, float(gm["acc"][-1]), key) / float(gm[key][-1])
+    return ratio_to_grpo_final(avg(tcs), avg(gcs), key)
 
 
 def bootstrap_interval(tcs, gcs, key: str, resamples: int = 2000, target: float = 0.6) -> dict[str, float]:
     """95% percentile interval of :func:`mean_curve_ratio` over seeds resampled with
     replacement (seed i's trace and grpo runs together), and the share of resamples at or
-    below ``target``. A bound is inf when more than 2.5% of resamples never reach grpo."""
+    below ``target``. A bound is inf when more than 2.5% of resamples never reach grpo; a
+    resample in which grpo's mean curve does not gain counts as never reaching it."""
     rng = np.random.default_rng(0)
     n = len(tcs)
     vals = np.array([mean_curve_ratio([tcs[i] for i in idx], [gcs[i] for i in idx], key)
@@ -165,12 +175,11 @@ def compare(curves: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Any]:
     out: dict[str, Any] = {"seeds": []}
     for tc, gc in zip(curves["trace"], curves["grpo"]):
         target = float(gc["acc"][-1])
-        need = trajectories_to_reach(tc, target)
         out["seeds"].append({
             "start": float(tc["acc"][0]), "trace_final": float(tc["acc"][-1]), "grpo_final": target,
             "trace_gain": float(tc["acc"][-1] - tc["acc"][0]), "grpo_gain": float(gc["acc"][-1] - gc["acc"][0]),
-            "trajectory_ratio": need / float(gc["trajectories"][-1]),
-            "token_ratio": trajectories_to_reach(tc, target, "tokens") / float(gc["tokens"][-1]),
+            "trajectory_ratio": ratio_to_grpo_final(tc, gc, "trajectories"),
+            "token_ratio": ratio_to_grpo_final(tc, gc, "tokens"),
             "trace_effective_ratio": float(tc["effective_ratio"].mean()), "grpo_effective_ratio": float(gc["effective_ratio"].mean()),
             "trace_effective_sample_ratio": float(tc["effective_sample_ratio"].mean()),
             "grpo_effective_sample_ratio": float(gc["effective_sample_ratio"].mean()),
@@ -179,7 +188,8 @@ def compare(curves: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Any]:
     ratios = ("trajectory_ratio", "token_ratio")
     mean = {k: float(np.mean([s[k] for s in out["seeds"]])) for k in out["seeds"][0] if k not in ratios}
     for k in ratios:
-        mean[k] = float(np.median([s[k] for s in out["seeds"]]))
+        defined = [s[k] for s in out["seeds"] if not math.isnan(s[k])]
+        mean[k] = float(np.median(defined)) if defined else math.nan
     # the same ratio on the seed-averaged curves
     mean["trajectory_ratio_of_mean_curves"] = mean_curve_ratio(curves["trace"], curves["grpo"], "trajectories")
     mean["token_ratio_of_mean_curves"] = mean_curve_ratio(curves["trace"], curves["grpo"], "tokens")
@@ -253,6 +263,12 @@ def plot(curves: dict[str, list[dict[str, np.ndarray]]], title: str, path: Path)
     plt.close(fig)
 
 
+def _verdict(ratio: float, target: float) -> str:
+    if math.isnan(ratio):
+        return f"target <= {target}: n/a, grpo's mean curve ended no higher than it started"
+    return f"target <= {target}: {'met' if ratio <= target else 'MISSED'}"
+
+
 def report(name: str, cmp: dict[str, Any], seconds: float) -> list[str]:
     lines = [f"## {name}", "", "| seed | SFT/start | trace final | grpo final | trace gain | grpo gain | trace ER | grpo ER | trace ESR (grpo adv.) | grpo ESR | trajectory ratio | token ratio |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -263,8 +279,8 @@ def report(name: str, cmp: dict[str, Any], seconds: float) -> list[str]:
     m = cmp["mean"]
     lines += ["", f"mean: start {m['start']:.3f}, trace {m['trace_final']:.3f} ({m['trace_gain']:+.3f}), grpo {m['grpo_final']:.3f} ({m['grpo_gain']:+.3f}); "
               f"trajectory ratio median {m['trajectory_ratio']:.2f}, on the mean curves {m['trajectory_ratio_of_mean_curves']:.2f} "
-              f"(target <= 0.5: {'met' if m['trajectory_ratio_of_mean_curves'] <= 0.5 else 'MISSED'}); token ratio on the mean curves "
-              f"{m['token_ratio_of_mean_curves']:.2f} (target <= 0.6: {'met' if m['token_ratio_of_mean_curves'] <= 0.6 else 'MISSED'}); "
+              f"({_verdict(m['trajectory_ratio_of_mean_curves'], 0.5)}); token ratio on the mean curves "
+              f"{m['token_ratio_of_mean_curves']:.2f} ({_verdict(m['token_ratio_of_mean_curves'], 0.6)}); "
               f"tokens spent trace {m['trace_tokens']:.0f} vs grpo {m['grpo_tokens']:.0f}; wall {seconds:.0f} s",
               "95% bootstrap intervals over seeds (inf: more than 2.5% of resamples never reach grpo's final accuracy): "
               + "; ".join(f"{k.split('_')[0]} ratio [{m[k]['low']:.2f}, {m[k]['high']:.2f}], {m[k]['share_at_most_target']:.0%} of "

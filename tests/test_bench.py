@@ -320,6 +320,32 @@ def test_train_bench_counts_the_prompts_with_contrast():
     assert f"mixed prompts a step {r_mixed:+.2f}, with the ESR {r_esr:+.2f}" in text
 
 
+def test_train_bench_gives_no_ratio_where_grpo_did_not_gain():
+    """Tokens to grpo's final accuracy: from the same start a row "reaches" a grpo that ended
+    at or below it with no tokens at all. That seed's ratio is n/a, the median skips it, and a
+    mean curve that did not gain gives no verdict instead of "met"."""
+    import math
+
+    import numpy as np
+
+    tb = _benchmark_module("train_bench")
+
+    def run(acc):
+        return {"acc": np.array(acc), "trajectories": np.array([0.0, 64.0, 128.0]), "tokens": np.array([0.0, 1000.0, 2000.0]),
+                "effective_ratio": np.array([0.5]), "effective_sample_ratio": np.array([0.5]), "prompts": np.array([8.0]),
+                "root_auc": np.array([])}
+
+    fell, rose = run([0.4, 0.45, 0.38]), run([0.4, 0.5, 0.6])
+    assert tb.trajectories_to_reach(run([0.4, 0.3, 0.5]), 0.38, "tokens") == 0.0  # what the ratio was
+    assert math.isnan(tb.ratio_to_grpo_final(run([0.4, 0.3, 0.5]), fell, "tokens"))
+    assert tb.ratio_to_grpo_final(run([0.4, 0.6, 0.6]), rose, "tokens") == 0.5
+    cmp = tb.compare({"trace": [run([0.4, 0.3, 0.5]), run([0.4, 0.6, 0.6])], "grpo": [fell, rose]})
+    assert math.isnan(cmp["seeds"][0]["token_ratio"]) and cmp["mean"]["token_ratio"] == 0.5
+    flat = tb.compare({"trace": [run([0.4, 0.3, 0.5])], "grpo": [fell]})
+    text = "\n".join(tb.report("flat", flat, 1.0))
+    assert "target <= 0.6: n/a, grpo's mean curve ended no higher than it started" in text and "met" not in text
+
+
 def test_train_bench_pairs_final_accuracy_by_seed():
     """The quick preset's summary pairs every row's final held-out accuracy with grpo's on the
     same seed and, with variants, with the default trace's: the README's paired columns."""
