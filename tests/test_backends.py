@@ -27,8 +27,9 @@ class FakeServer:
     """A loopback server that answers like ``vllm serve`` (token-level completions; with
     ``sync=True`` also dev mode and runtime LoRA) and records every request."""
 
-    def __init__(self, sync: bool, token: int = 1000, eot: int = 2):
+    def __init__(self, sync: bool, token: int = 1000, eot: int = 2, refuse_resets: int = 0):
         self.calls: list[tuple[str, dict]] = []
+        self.refuse_resets = refuse_resets  # the next resets answer success=false, as vLLM while blocks are held
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -61,7 +62,10 @@ class FakeServer:
                         "tokens": [f"token_id:{t}" for t in toks], "token_logprobs": [-0.5, -0.25, -0.125]}}],
                         "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": 3}})
                 if sync and self.path.split("?")[0] in SYNC_PATHS:
-                    return self._reply(200, {"success": True} if self.path.startswith("/reset") else {})
+                    if not self.path.startswith("/reset"):
+                        return self._reply(200, {})
+                    refused, outer.refuse_resets = outer.refuse_resets > 0, max(0, outer.refuse_resets - 1)
+                    return self._reply(200, {"success": not refused})
                 return self._reply(404, {"error": "not found"})
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -81,8 +85,8 @@ class FakeServer:
 def fake():
     servers: list[FakeServer] = []
 
-    def start(sync: bool = True) -> FakeServer:
-        servers.append(FakeServer(sync, eot=_eot()))
+    def start(sync: bool = True, refuse_resets: int = 0) -> FakeServer:
+        servers.append(FakeServer(sync, eot=_eot(), refuse_resets=refuse_resets))
         return servers[-1]
 
     yield start
@@ -137,6 +141,23 @@ def test_openai_backend_sends_every_task_to_one_server(fake):
     assert got_b == sorted(tuple(p) for p in (roots + later) if policy.server_of(p) == 1) and len(got_b) == 6
     stray = list(range(5, 40))
     assert policy.server_of(stray) == policy.server_of(list(stray)) in (0, 1)  # unknown prompts: a stable hash
+
+
+def test_openai_retries_a_refused_cache_reset_and_then_says_which_server_refused(fake, tmp_path):
+    # vLLM answers success=false while requests hold blocks and says to retry; a reset that never
+    # happens would let one step's KV reach the next, or old weights' KV serve new weights
+    busy, stuck = fake(refuse_resets=2), fake(refuse_resets=10**6)
+    policy = make_policy("openai", base_url=busy.url, tokenizer=smollm2_path())
+    policy.reset_cache()
+    assert busy.paths() == ["/reset_prefix_cache"] * 3
+    policy = make_policy("openai", base_url=[busy.url, stuck.url], tokenizer=smollm2_path(), sync_dir=str(tmp_path))
+    policy.RESET_RETRY_S = 0.5
+    root = stuck.url.removesuffix("/v1")
+    with pytest.raises(RuntimeError, match=f"{root} did not empty its prefix cache"):
+        policy.reset_cache()
+    with pytest.raises(RuntimeError, match=f"{root} did not empty its prefix cache"):
+        policy.load_weights({"lm_head.weight": torch.zeros(2, 2)})
+    assert 2 < stuck.paths().count("/reset_prefix_cache") < 100
 
 
 def test_openai_weight_sync_speaks_vllms_endpoints(fake, tmp_path):

@@ -69,6 +69,54 @@ def test_branches_are_token_exact_and_reuse_the_prefix_cache(engine):
     assert forest.counters["reused_prefix_tokens"] > 0
 
 
+def test_a_step_replays_exactly_whatever_the_engine_generated_before(engine):
+    # As on the hf backend (tests/test_rollout.py): a leaderboard track's rows share one
+    # policy, so a step must not depend on what the engine's prefix cache kept from before it.
+    from trace_gym.rollout.engine import RootRecord, TurnRecord
+    from trace_gym.rollout.source import EngineSource
+    from trace_gym.run import RunSpec
+    from trace_gym.step import Step
+
+    env_kwargs = {"levels": [1], "max_turns": 2}
+    spec = RunSpec(envs=[{"id": "trace_gym/MathCalc-v0", "kwargs": env_kwargs}], policy="vllm", allocator="trace",
+                   budget={"trajectories": 8, "prompts": 4, "group_size": 4}, seed=0)
+
+    def step_zero() -> Forest:
+        env = trace_gym.make("trace_gym/MathCalc-v0", seed=0, **env_kwargs)
+        source = EngineSource([env], engine, SamplingParams(max_new_tokens=16, temperature=1.0), seed=0)
+        return Step.from_spec(spec, source=source).run(0).forest
+
+    def key(forest: Forest):
+        spans = [tuple(p.token_ids) for p in forest.payload[: len(forest)] if isinstance(p, TurnRecord)]
+        return spans, forest.parent[: len(forest)].tolist(), dict(forest.counters)
+
+    first = step_zero()
+    # other requests leave blocks of the same opening prompts in the cache, from other batches
+    openings = [list(r.token_ids) for r in first.payload[: len(first)] if isinstance(r, RootRecord)]
+    engine.generate(openings[::-1] * 2, SamplingParams(max_new_tokens=16, temperature=1.0, seed=99))
+    again = step_zero()
+    assert key(again) == key(first)
+    assert again.counters["reused_prefix_tokens"] > 0  # the step still reuses its own prefixes
+
+
+def test_emptying_the_cache_while_requests_run_is_an_error_not_a_silent_no_op(engine):
+    # vLLM keeps its cache while requests run; a step that went on would read the KV they left
+    from vllm import SamplingParams as VSampling, TokensPrompt
+
+    core = engine.llm.llm_engine
+    core.add_request("still-running", TokensPrompt(prompt_token_ids=engine.render_prompt(MESSAGES)),
+                     VSampling(max_tokens=64, min_tokens=64))
+    core.step()
+    try:
+        with pytest.raises(RuntimeError, match="did not empty its prefix cache"):
+            engine.reset_cache()
+    finally:
+        core.abort_request(["still-running"])
+        while core.has_unfinished_requests():
+            core.step()
+    engine.reset_cache()  # nothing runs now
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_behaviour_logprobs_equal_a_full_forward(engine, reference, temperature):
     prompt = engine.render_prompt(MESSAGES)

@@ -74,6 +74,7 @@ import random
 import shutil
 import tempfile
 import threading
+import time
 import warnings
 import zlib
 from pathlib import Path
@@ -298,9 +299,8 @@ class OpenAIPolicy(ChatPolicy):
         for url in self.base_urls:
             root = _server_root(url)
             self._control(root, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
-            r = self._control(root, "/reset_prefix_cache")
-            if r.headers.get("content-type", "").startswith("application/json") and r.json().get("success") is False:
-                raise RuntimeError(f"{root} could not reset its prefix cache after loading new weights")
+            # KV cached under the old weights must not serve the new ones
+            self._reset_prefix_cache(root)
 
     def load_adapter(self, path: str) -> None:
         """LoRA sync to every server: the adapter in directory ``path`` (copied into
@@ -330,10 +330,33 @@ class OpenAIPolicy(ChatPolicy):
                 shutil.rmtree(self.sync_dir / previous, ignore_errors=True)
 
     def reset_cache(self) -> None:
-        """Drop every server's prefix cache where the server allows it (dev mode); else nothing."""
+        """Drop every server's prefix cache where the server allows it (dev mode); else nothing.
+        Raises ``RuntimeError`` naming a server that keeps refusing (:meth:`_reset_prefix_cache`)."""
         if "weights" in self.sync_modes():
             for url in self.base_urls:
-                self._control(_server_root(url), "/reset_prefix_cache")
+                self._reset_prefix_cache(_server_root(url))
+
+    RESET_RETRY_S = 30.0
+    """How long a refused prefix-cache reset is retried (at most ``sync_timeout``)."""
+
+    def _reset_prefix_cache(self, root: str) -> None:
+        """``POST /reset_prefix_cache``. vLLM answers ``{"success": false}`` while blocks are
+        held (requests still running, another client's too) and says to retry: retried for
+        :attr:`RESET_RETRY_S`, then ``RuntimeError``, since KV left there would reach the next
+        step or outlive a weight sync."""
+        deadline = time.monotonic() + min(self.RESET_RETRY_S, self.sync_timeout)
+        wait = 0.05
+        while True:
+            r = self._control(root, "/reset_prefix_cache")
+            refused = r.headers.get("content-type", "").startswith("application/json") and r.json().get("success") is False
+            if not refused:
+                return
+            if time.monotonic() + wait > deadline:
+                raise RuntimeError(f"{root} did not empty its prefix cache: it answered success=false for "
+                                   f"{min(self.RESET_RETRY_S, self.sync_timeout):.0f} s (requests still hold its blocks; "
+                                   "are other clients generating on it?)")
+            time.sleep(wait)
+            wait = min(1.0, wait * 2)
 
     def close(self) -> None:
         """Remove the temporary sync directory."""

@@ -246,7 +246,8 @@ class VLLMPolicy(ChatPolicy):
                 self._scratch = tempfile.TemporaryDirectory(prefix="trace-gym-vllm-sync-")
             path = save_safetensors(state, self._scratch.name)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
-        self.llm.reset_prefix_cache()
+        # KV cached under the old weights must not serve the new ones
+        self.reset_cache()
 
     def load_adapter(self, path: str) -> None:
         """LoRA sync: generate with the peft adapter in directory ``path`` from now on (the
@@ -270,8 +271,11 @@ class VLLMPolicy(ChatPolicy):
                 remove(previous.lora_int_id)
 
     def reset_cache(self) -> None:
-        """Empty vLLM's prefix cache."""
-        self.llm.reset_prefix_cache()
+        """Empty vLLM's prefix cache. Raises ``RuntimeError`` where vLLM refuses (it does while
+        requests are running): KV left there would reach the next step, or outlive a weight sync."""
+        if self.llm.reset_prefix_cache() is False:
+            raise RuntimeError("vLLM did not empty its prefix cache (requests are still running in the engine); "
+                               "reset the cache only between generate calls")
 
     def close(self) -> None:
         """Shut the engine down and free its memory."""
