@@ -1,5 +1,6 @@
-"""Checks shared by the rollout-engine tests: a recording wrapper around a real policy, and
-the exact-prefix, replay and accounting checks a finished forest must pass."""
+"""Checks shared by the rollout-engine tests: a recording wrapper around a real policy, the
+exact-prefix, replay and accounting checks a finished forest must pass, and the check that a
+step does not depend on what its policy generated before it."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import numpy as np
 
 import trace_gym
 from trace_gym.forest.forest import BRANCH, TERMINAL, Forest
-from trace_gym.policies.base import Generation, Policy
-from trace_gym.rollout.engine import TurnRecord, chat_renderer, prefix_ids
+from trace_gym.policies.base import Generation, Policy, SamplingParams
+from trace_gym.rollout.engine import RootRecord, TurnRecord, chat_renderer, prefix_ids
 
 
 class Recording(Policy):
@@ -96,3 +97,34 @@ def check_accounting(forest: Forest, policy: Recording) -> None:
     assert c["generated_tokens"] == sum(len(g.token_ids) for _, g in gens) == int(forest.n_tokens.sum())
     assert c["prefill_tokens"] + c["reused_prefix_tokens"] == sum(len(p) for p, _ in gens)
     assert c["failed_trajectories"] == 0
+
+
+def check_step_ignores_earlier_generations(policy: Policy) -> None:
+    """A leaderboard track's rows share one policy, so a step must not depend on what the
+    policy's prefix cache kept from before it: step 0 of a small trace run, then other
+    generations of the same opening prompts (which leave their KV behind, from other
+    batches), then the same step again must give the same forest: tokens, shape, counters."""
+    from trace_gym.rollout.source import EngineSource
+    from trace_gym.run import RunSpec
+    from trace_gym.step import Step
+
+    env_kwargs = {"levels": [1], "max_turns": 2}
+    spec = RunSpec(envs=[{"id": "trace_gym/MathCalc-v0", "kwargs": env_kwargs}], policy=policy.name, allocator="trace",
+                   budget={"trajectories": 8, "prompts": 4, "group_size": 4}, seed=0)
+
+    def step_zero() -> Forest:
+        env = trace_gym.make("trace_gym/MathCalc-v0", seed=0, **env_kwargs)
+        source = EngineSource([env], policy, SamplingParams(max_new_tokens=16, temperature=1.0), seed=0)
+        return Step.from_spec(spec, source=source).run(0).forest
+
+    def key(forest: Forest):
+        spans = [tuple(p.token_ids) for p in forest.payload[: len(forest)] if isinstance(p, TurnRecord)]
+        return spans, forest.parent[: len(forest)].tolist(), dict(forest.counters)
+
+    policy.reset_cache()
+    first = step_zero()
+    openings = [list(r.token_ids) for r in first.payload[: len(first)] if isinstance(r, RootRecord)]
+    policy.generate(openings[::-1] * 2, SamplingParams(max_new_tokens=16, temperature=1.0, seed=99))
+    again = step_zero()
+    assert key(again) == key(first)
+    assert again.counters["reused_prefix_tokens"] > 0  # the step still reuses its own prefixes

@@ -22,7 +22,7 @@ from trace_gym.forest.forest import Forest  # noqa: E402
 from trace_gym.policies.base import SamplingParams, make_policy  # noqa: E402
 from trace_gym.rollout.engine import RolloutEngine  # noqa: E402
 
-from rollout_checks import Recording, check_exact_prefixes, check_replay  # noqa: E402
+from rollout_checks import Recording, check_exact_prefixes, check_replay, check_step_ignores_earlier_generations  # noqa: E402
 from shared_smollm2 import smollm2_path  # noqa: E402
 from vllm_checks import ENGINE, MESSAGES, assert_logprobs_match, hf_model, perturbed, random_adapter  # noqa: E402
 
@@ -70,33 +70,8 @@ def test_branches_are_token_exact_and_reuse_the_prefix_cache(engine):
 
 
 def test_a_step_replays_exactly_whatever_the_engine_generated_before(engine):
-    # As on the hf backend (tests/test_rollout.py): a leaderboard track's rows share one
-    # policy, so a step must not depend on what the engine's prefix cache kept from before it.
-    from trace_gym.rollout.engine import RootRecord, TurnRecord
-    from trace_gym.rollout.source import EngineSource
-    from trace_gym.run import RunSpec
-    from trace_gym.step import Step
-
-    env_kwargs = {"levels": [1], "max_turns": 2}
-    spec = RunSpec(envs=[{"id": "trace_gym/MathCalc-v0", "kwargs": env_kwargs}], policy="vllm", allocator="trace",
-                   budget={"trajectories": 8, "prompts": 4, "group_size": 4}, seed=0)
-
-    def step_zero() -> Forest:
-        env = trace_gym.make("trace_gym/MathCalc-v0", seed=0, **env_kwargs)
-        source = EngineSource([env], engine, SamplingParams(max_new_tokens=16, temperature=1.0), seed=0)
-        return Step.from_spec(spec, source=source).run(0).forest
-
-    def key(forest: Forest):
-        spans = [tuple(p.token_ids) for p in forest.payload[: len(forest)] if isinstance(p, TurnRecord)]
-        return spans, forest.parent[: len(forest)].tolist(), dict(forest.counters)
-
-    first = step_zero()
-    # other requests leave blocks of the same opening prompts in the cache, from other batches
-    openings = [list(r.token_ids) for r in first.payload[: len(first)] if isinstance(r, RootRecord)]
-    engine.generate(openings[::-1] * 2, SamplingParams(max_new_tokens=16, temperature=1.0, seed=99))
-    again = step_zero()
-    assert key(again) == key(first)
-    assert again.counters["reused_prefix_tokens"] > 0  # the step still reuses its own prefixes
+    # as on the hf backend (tests/test_rollout.py), with vLLM's own prefix cache
+    check_step_ignores_earlier_generations(engine)
 
 
 def test_emptying_the_cache_while_requests_run_is_an_error_not_a_silent_no_op(engine):
