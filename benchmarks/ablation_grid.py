@@ -42,7 +42,9 @@ one run per (grid cell, advantage, seed) and per baseline. Held-out accuracy (ex
 success of the 512 test tasks) after every step; ``tokens_to_grpo`` is the generated tokens
 a run needs to first reach the final held-out accuracy of ``grpo`` on the same seed (linear
 interpolation between steps), divided by the tokens ``grpo`` spent; likewise
-``trajectories_to_grpo``. A run that never reaches it scores ``inf`` for that seed.
+``trajectories_to_grpo``. A run that never reaches it scores ``inf`` for that seed; on a
+seed where grpo ended no higher than it started every run scores NaN (n/a: no gain to
+reach), and the tables leave that seed out of the interval and count it.
 
 Intervals: mean +- t(0.975, n-1) * sd / sqrt(n) over seeds (n = 3: t = 4.30), so with three
 seeds an interval is wide; a mean with an ``inf`` seed is ``inf``. Rows are ranked by the
@@ -199,7 +201,9 @@ def allocation_table(runs: dict[str, dict[int, Any]]) -> list[str]:
 
 
 def learning_summary(runs: dict[str, dict[int, Any]]) -> dict[str, dict[str, Any]]:
-    """Per run key: final held-out accuracy and tokens/trajectories to reach grpo's final accuracy (per seed)."""
+    """Per run key: final held-out accuracy and tokens/trajectories to reach grpo's final
+    accuracy (per seed; inf: never reached; NaN on a seed where grpo's curve ended no higher
+    than it started, which a row from the same start would "reach" at 0)."""
     grpo = runs["grpo"]
     out = {}
     for key, by_seed in runs.items():
@@ -207,25 +211,49 @@ def learning_summary(runs: dict[str, dict[int, Any]]) -> dict[str, dict[str, Any
         for seed, r in sorted(by_seed.items()):
             g = grpo[seed]
             target = g["final_test_success"]
-            tok.append(reach(r["curve"], target, "tokens") / g["curve"][-1]["tokens"])
-            traj.append(reach(r["curve"], target, "trajectories") / g["curve"][-1]["trajectories"])
+            if target <= g["curve"][0]["test_success"]:
+                tok.append(math.nan)
+                traj.append(math.nan)
+            else:
+                tok.append(reach(r["curve"], target, "tokens") / g["curve"][-1]["tokens"])
+                traj.append(reach(r["curve"], target, "trajectories") / g["curve"][-1]["trajectories"])
             acc.append(r["final_test_success"])
         out[key] = {"tokens_to_grpo": tok, "trajectories_to_grpo": traj, "final_test_success": acc,
                     "initial_test_success": statistics.fmean(r["curve"][0]["test_success"] for r in by_seed.values())}
     return out
 
 
+def _over_gaining_seeds(values: list[float]) -> tuple[float, float] | None:
+    """:func:`interval` over the seeds where grpo gained (NaN left out); None where it gained on none."""
+    kept = [x for x in values if not math.isnan(x)]
+    return interval(kept) if kept else None
+
+
+def _ratio_text(values: list[float]) -> str:
+    mi = _over_gaining_seeds(values)
+    return "n/a" if mi is None else fmt(mi)
+
+
+def _ratio_sort(values: list[float]) -> float:
+    """A row's place by its mean ratio: never reached after every reached one, n/a last."""
+    mi = _over_gaining_seeds(values)
+    return 2e9 if mi is None else 1e9 if math.isinf(mi[0]) else mi[0]
+
+
 def learning_table(summary: dict[str, dict[str, Any]]) -> list[str]:
-    """Markdown rows of the learning part, ranked by tokens to reach grpo's final held-out accuracy."""
+    """Markdown rows of the learning part, ranked by tokens to reach grpo's final held-out
+    accuracy (over the seeds where grpo gained; "seeds reaching it" counts the others as n/a)."""
     head = ["rank", "row", "tokens to grpo's final acc. (x grpo's)", "trajectories to it (x grpo's)", "final held-out acc.",
             "seeds reaching it"]
     rows = []
     for key, s in summary.items():
-        tok = interval(s["tokens_to_grpo"])
-        reached = sum(not math.isinf(x) for x in s["tokens_to_grpo"])
-        sort_key = (tok[0] if not math.isinf(tok[0]) else 1e9, -statistics.fmean(s["final_test_success"]))
-        rows.append((sort_key, [key, fmt(tok), fmt(interval(s["trajectories_to_grpo"])),
-                                fmt(interval(s["final_test_success"]), digits=3), f"{reached}/{len(s['tokens_to_grpo'])}"]))
+        vals = s["tokens_to_grpo"]
+        reached = sum(math.isfinite(x) for x in vals)
+        na = sum(math.isnan(x) for x in vals)
+        seeds = f"{reached}/{len(vals) - na}" + (f", {na} n/a (grpo did not gain)" if na else "")
+        sort_key = (_ratio_sort(vals), -statistics.fmean(s["final_test_success"]))
+        rows.append((sort_key, [key, _ratio_text(vals), _ratio_text(s["trajectories_to_grpo"]),
+                                fmt(interval(s["final_test_success"]), digits=3), seeds]))
     rows.sort(key=lambda x: x[0])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += [f"| {i + 1} | " + " | ".join(r) + " |" for i, (_, r) in enumerate(rows)]
@@ -247,15 +275,17 @@ def learning_paired(summary: dict[str, dict[str, Any]], seeds: list[int], agains
 def learning_pivot(summary: dict[str, dict[str, Any]], advantages: tuple[str, ...]) -> list[str]:
     """Markdown: one row per grid cell (and baseline), one column per advantage estimator,
     each entry the tokens needed to reach grpo's final held-out accuracy (x grpo's, mean ±
-    95% interval; ``not reached``: some seed never got there, with the final accuracy instead)."""
+    95% interval over the seeds where grpo gained; ``–``: some seed never got there, with the
+    final accuracy instead; ``n/a``: grpo gained on no seed)."""
     cells: dict[str, dict[str, str]] = {}
     best: dict[str, float] = {}
     for key, s in summary.items():
         cell, _, adv = key.partition(" adv=")
-        tok = interval(s["tokens_to_grpo"])
-        text = fmt(tok) if not math.isinf(tok[0]) else f"– (acc. {statistics.fmean(s['final_test_success']):.3f})"
+        vals, acc = s["tokens_to_grpo"], statistics.fmean(s["final_test_success"])
+        order = _ratio_sort(vals)
+        text = _ratio_text(vals) if order < 1e9 else f"– (acc. {acc:.3f})" if order < 2e9 else "n/a"
         cells.setdefault(cell, {})[adv or "own"] = text
-        best[cell] = min(best.get(cell, math.inf), tok[0] if not math.isinf(tok[0]) else 1e9 - statistics.fmean(s["final_test_success"]))
+        best[cell] = min(best.get(cell, math.inf), order if order < 1e9 else order - acc)
     head = ["row"] + [f"adv. {a}" for a in advantages] + ["own adv."]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for cell in sorted(cells, key=lambda c: best[c]):

@@ -231,6 +231,30 @@ def test_ablation_grid_pairs_rows_by_seed(tmp_path, capsys):
         g.main(["--from-json", str(path), "--against", "oracle"])
 
 
+def test_ablation_grid_gives_no_tokens_to_grpo_where_grpo_did_not_gain():
+    """From the same start a row "reaches" a grpo that ended at or below its first evaluation
+    with no tokens at all: that seed is n/a, left out of the interval and counted, not 0."""
+    import math
+
+    g = _grid_module()
+
+    def run(acc):
+        return {"final_test_success": acc[-1],
+                "curve": [{"test_success": a, "tokens": 100.0 * i, "trajectories": 8.0 * i} for i, a in enumerate(acc)]}
+
+    runs = {"grpo": {0: run([0.5, 0.45, 0.48]), 1: run([0.5, 0.6, 0.7])},
+            "trace": {0: run([0.5, 0.55, 0.6]), 1: run([0.5, 0.7, 0.7])}}
+    summary = g.learning_summary(runs)
+    assert math.isnan(summary["trace"]["tokens_to_grpo"][0]) and math.isnan(summary["trace"]["trajectories_to_grpo"][0])
+    assert summary["trace"]["tokens_to_grpo"][1] == 0.5
+    table = "\n".join(g.learning_table(summary))
+    trace = next(line for line in table.splitlines() if "| trace |" in line)
+    assert "| 0.50 |" in trace and "1/1, 1 n/a" in trace and "0.00" not in trace
+    assert "| trace |" in g.learning_paired(summary, [0, 1], "grpo")[-1] and "| 1 of 1 | 1 |" in g.learning_paired(summary, [0, 1], "grpo")[-1]
+    flat = g.learning_summary({"grpo": {0: runs["grpo"][0]}, "trace": {0: runs["trace"][0]}})
+    assert "| n/a |" in "\n".join(g.learning_table(flat)) and "| n/a |" in "\n".join(g.learning_pivot(flat, ()))
+
+
 def test_ablation_grid_without_the_lm_encoder_fails_before_any_run(monkeypatch, capsys):
     """Without the MiniLM package a grid with an lm predictor stops at once with what to
     install or which --predictors to pass, not an hour in when the first lm run starts."""
