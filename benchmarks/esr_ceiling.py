@@ -4,10 +4,15 @@ allocation bench's workload.
 
     python benchmarks/esr_ceiling.py                                  # the four distributions, 3 seeds
     python benchmarks/esr_ceiling.py --difficulty beta:0.5,0.5 --seeds 0,1,2,3,4
+    python benchmarks/esr_ceiling.py --difficulty beta:0.80,1.70 --candidates 64 \
+        --trajectories 128 --group-size 4 --steps 8 --seeds 0,1,2,3,4,5,6,7,8,9   # a procedural env
 
 Each of ``--pool`` prompts gets a success probability p from ``--difficulty`` (the bench's
 parser, so the same distributions as ``trace-gym bench allocators``), and a rollout is a
-Bernoulli(p) outcome; there are no turns and no cues. The learner knows the distribution
+Bernoulli(p) outcome; there are no turns and no cues. With ``--candidates B`` each step
+instead offers B prompts never seen before, as a procedural env (ToolCalls, MathCalc) offers
+its candidates: no rule knows anything of a prompt before the step's own rollouts, and the
+rules choose among the B. The learner knows the distribution
 exactly and keeps every prompt's success and failure counts, so its posterior over p (on a
 grid of 400 points, denser near 0 and 1) is exact: nothing that learns a prompt's difficulty from outcomes knows
 more. Each step spends M rollouts; the ESR is the share of them in a mixed prompt, where
@@ -82,31 +87,37 @@ def p_mixed(q: np.ndarray, m: int) -> np.ndarray:
     return 1.0 - q ** m - (1.0 - q) ** m
 
 
-def run(rule: str, spec: str, seed: int, pool: int, trajectories: int, group: int, steps: int) -> float:
-    """Mean ESR over ``steps`` steps of ``rule``."""
+def run(rule: str, spec: str, seed: int, pool: int, trajectories: int, group: int, steps: int,
+        candidates: int | None = None) -> float:
+    """Mean ESR over ``steps`` steps of ``rule``. With ``candidates``, each step offers that
+    many prompts never seen before (a procedural env's draw; ``pool`` is then unused), so
+    what a rule learns of a prompt is only what the step's own rollouts show."""
     rng = np.random.default_rng(seed)
+    if candidates is not None:
+        pool = steps * candidates
     p = parse_difficulty(spec).sample(rng, pool)
     prior = log_prior(spec)
     s, f = np.zeros(pool), np.zeros(pool)
     pmix_grid = {m: p_mixed(GRID, m) for m in range(1, group + 1)}
     esr = []
-    for _ in range(steps):
+    for step in range(steps):
         if rule in ("tree", "concentrated"):
             m1 = group // 2 if rule == "tree" else max(1, (3 * group) // 4)
             n = trajectories // group if rule == "tree" else trajectories // (2 * group)
         else:
             m1, n = group, trajectories // group
-        n = min(n, pool)
+        offered = np.arange(pool) if candidates is None else np.arange(step * candidates, (step + 1) * candidates)
+        n = min(n, offered.size)
         if rule == "grpo":
-            idx = rng.choice(pool, n, replace=False)
+            idx = rng.choice(offered, n, replace=False)
         elif rule == "oracle":
-            idx = np.argsort(-p_mixed(p, m1))[:n]
+            idx = offered[np.argsort(-p_mixed(p[offered], m1))[:n]]
         elif rule == "thompson":
-            w = posterior(prior, s, f)
-            draw = GRID[(w.cumsum(axis=1) < rng.random((pool, 1))).sum(axis=1).clip(0, GRID.size - 1)]
-            idx = np.argsort(-p_mixed(draw, m1))[:n]
+            w = posterior(prior, s[offered], f[offered])
+            draw = GRID[(w.cumsum(axis=1) < rng.random((offered.size, 1))).sum(axis=1).clip(0, GRID.size - 1)]
+            idx = offered[np.argsort(-p_mixed(draw, m1))[:n]]
         else:
-            idx = np.argsort(-(posterior(prior, s, f) @ pmix_grid[m1]))[:n]
+            idx = offered[np.argsort(-(posterior(prior, s[offered], f[offered]) @ pmix_grid[m1]))[:n]]
         succ, size = np.zeros(n), np.zeros(n)
 
         def roll(target: np.ndarray, k: np.ndarray | int) -> None:
@@ -145,6 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--difficulty", action="append", help="a difficulty spec; repeatable (default: the bench's four)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--pool", type=int, default=512)
+    ap.add_argument("--candidates", type=int, default=None,
+                    help="B fresh prompts offered per step instead of one pool (procedural envs: ToolCalls, MathCalc)")
     ap.add_argument("--trajectories", type=int, default=1024, help="M per step")
     ap.add_argument("--group-size", type=int, default=8, help="G")
     ap.add_argument("--steps", type=int, default=30)
@@ -156,12 +169,15 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(f"unknown rule {r!r}; known: {', '.join(RULES)}")
     if args.group_size < 2 or args.trajectories < 2 * args.group_size or args.pool < 1 or args.steps < 1:
         ap.error("need --group-size >= 2, --trajectories >= 2 x group size, --pool >= 1, --steps >= 1")
+    if args.candidates is not None and args.candidates < 1:
+        ap.error("need --candidates >= 1")
     seeds = [int(x) for x in args.seeds.split(",")]
     t0 = time.perf_counter()
     for spec in args.difficulty or DISTRIBUTIONS:
-        runs = {r: [run(r, spec, sd, args.pool, args.trajectories, args.group_size, args.steps) for sd in seeds]
+        runs = {r: [run(r, spec, sd, args.pool, args.trajectories, args.group_size, args.steps, args.candidates) for sd in seeds]
                 for r in sorted(set(rules) | {"grpo"}, key=RULES.index)}
-        print(f"\n### difficulty {spec}: pool {args.pool}, M = {args.trajectories}, G = {args.group_size}, "
+        offer = f"pool {args.pool}" if args.candidates is None else f"{args.candidates} fresh prompts a step"
+        print(f"\n### difficulty {spec}: {offer}, M = {args.trajectories}, G = {args.group_size}, "
               f"{args.steps} steps, seeds {args.seeds}; exact posterior, outcomes only\n")
         print("| rule | ESR % | x grpo |\n|---|---|---|")
         for r in rules:

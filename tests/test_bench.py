@@ -182,6 +182,26 @@ def test_esr_ceiling_posterior_is_exact_and_rules_order_as_they_must():
         mod.main(["--rules", "grpo,psychic"])
 
 
+def test_esr_ceiling_with_fresh_prompts_learns_nothing_before_the_steps_rollouts():
+    """--candidates: every step offers prompts never seen before (a procedural env), so
+    choosing by the posterior is choosing at random, and only the step's own rollouts (tree)
+    or knowing p (oracle) lift the ratio above grpo's."""
+    import math
+
+    import numpy as np
+
+    mod = _benchmark_module("esr_ceiling")
+    expected = 1 - 2 * math.prod((0.5 + j) / (1 + j) for j in range(4))  # P(4 rollouts mixed), p ~ Beta(0.5, 0.5)
+    esr = {r: np.mean([mod.run(r, "beta:0.5,0.5", sd, 8, 128, 4, 8, candidates=64) for sd in range(5)])
+           for r in ("grpo", "greedy", "tree", "oracle")}
+    assert esr["greedy"] == pytest.approx(expected, abs=0.04) and esr["grpo"] == pytest.approx(expected, abs=0.04)
+    assert esr["greedy"] + 0.05 < esr["tree"] and esr["greedy"] + 0.05 < esr["oracle"]
+    # with one pool the same rule learns prompts across steps and does better than at random
+    assert np.mean([mod.run("greedy", "beta:0.5,0.5", sd, 64, 128, 4, 8) for sd in range(5)]) > esr["greedy"] + 0.05
+    with pytest.raises(SystemExit):
+        mod.main(["--candidates", "0"])
+
+
 def test_sampler_divergence_counts_rows_that_differ(capsys):
     """The sampler bench: a rerun of one setting differs in no row, and under sampler="row"
     neither does a batch cap that splits the wave (the table the README quotes)."""
