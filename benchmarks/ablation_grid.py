@@ -72,7 +72,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 from seed_stats import fmt, interval, paired_table  # this script's own folder: run as a script, it is on sys.path
-from trace_gym.leaderboard.paired import first_reach
+from trace_gym.leaderboard.paired import ratio_to_baseline_final
 from trace_gym.sim.difficulty import DEFAULT_DIFFICULTY
 
 STAGE1 = ("uniform", "paper", "posterior")
@@ -149,10 +149,15 @@ def _job(task: dict[str, Any]) -> dict[str, Any]:
     return {"key": task["key"], "seed": seed, "result": out}
 
 
-def reach(curve: list[dict[str, Any]], target: float, key: str) -> float:
-    """``key`` spent when the held-out accuracy first reaches ``target`` (the package's
-    :func:`~trace_gym.leaderboard.paired.first_reach`: linear between steps, inf if never)."""
-    return first_reach([p[key] for p in curve], [p["test_success"] for p in curve], target)
+def ratio_to_grpo(curve: list[dict[str, Any]], grpo_curve: list[dict[str, Any]], key: str) -> float:
+    """``key`` spent when ``curve`` first reaches the final held-out accuracy of ``grpo_curve``
+    (linear between steps), over grpo's (the package's
+    :func:`~trace_gym.leaderboard.paired.ratio_to_baseline_final`: inf never, NaN where grpo
+    ended no higher than it started)."""
+    def acc(c: list[dict[str, Any]]) -> list[float]:
+        return [p["test_success"] for p in c]
+
+    return ratio_to_baseline_final([p[key] for p in curve], acc(curve), acc(grpo_curve), grpo_curve[-1][key])
 
 
 def run_part(args: argparse.Namespace, learn: float, rows: list[dict[str, Any]], advantages: tuple[str | None, ...]) -> dict:
@@ -209,14 +214,8 @@ def learning_summary(runs: dict[str, dict[int, Any]]) -> dict[str, dict[str, Any
     for key, by_seed in runs.items():
         tok, traj, acc = [], [], []
         for seed, r in sorted(by_seed.items()):
-            g = grpo[seed]
-            target = g["final_test_success"]
-            if target <= g["curve"][0]["test_success"]:
-                tok.append(math.nan)
-                traj.append(math.nan)
-            else:
-                tok.append(reach(r["curve"], target, "tokens") / g["curve"][-1]["tokens"])
-                traj.append(reach(r["curve"], target, "trajectories") / g["curve"][-1]["trajectories"])
+            tok.append(ratio_to_grpo(r["curve"], grpo[seed]["curve"], "tokens"))
+            traj.append(ratio_to_grpo(r["curve"], grpo[seed]["curve"], "trajectories"))
             acc.append(r["final_test_success"])
         out[key] = {"tokens_to_grpo": tok, "trajectories_to_grpo": traj, "final_test_success": acc,
                     "initial_test_success": statistics.fmean(r["curve"][0]["test_success"] for r in by_seed.values())}
@@ -282,10 +281,11 @@ def learning_pivot(summary: dict[str, dict[str, Any]], advantages: tuple[str, ..
     for key, s in summary.items():
         cell, _, adv = key.partition(" adv=")
         vals, acc = s["tokens_to_grpo"], statistics.fmean(s["final_test_success"])
-        order = _ratio_sort(vals)
-        text = _ratio_text(vals) if order < 1e9 else f"– (acc. {acc:.3f})" if order < 2e9 else "n/a"
-        cells.setdefault(cell, {})[adv or "own"] = text
-        best[cell] = min(best.get(cell, math.inf), order if order < 1e9 else order - acc)
+        mi = _over_gaining_seeds(vals)
+        reached = mi is not None and not math.isinf(mi[0])
+        cells.setdefault(cell, {})[adv or "own"] = fmt(mi) if reached else "n/a" if mi is None else f"– (acc. {acc:.3f})"
+        # among rows that did not reach grpo's final, the higher final accuracy first
+        best[cell] = min(best.get(cell, math.inf), _ratio_sort(vals) - (0.0 if reached else acc))
     head = ["row"] + [f"adv. {a}" for a in advantages] + ["own adv."]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for cell in sorted(cells, key=lambda c: best[c]):

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 from seed_stats import paired_table  # this script's own folder: run as a script, it is on sys.path
-from trace_gym.leaderboard.paired import first_reach
+from trace_gym.leaderboard.paired import ratio_to_baseline_final
 
 ROOT = Path(__file__).resolve().parent.parent
 ACC = "eval/{env}/mean@k"
@@ -130,21 +130,12 @@ def curve(run_dir: Path, env_name: str, key: str = "mean@k") -> dict[str, np.nda
                                   if r.get("predictor/root_auc") is not None and np.isfinite(r["predictor/root_auc"])])}
 
 
-def trajectories_to_reach(c: dict[str, np.ndarray], target: float, x: str = "trajectories") -> float:
-    """Trajectories (or tokens, ``x="tokens"``) at which a curve first reaches ``target``
-    (the package's :func:`~trace_gym.leaderboard.paired.first_reach`: linear between
-    evaluations, inf if it never does)."""
-    return first_reach(c[x], c["acc"], target)
-
-
 def ratio_to_grpo_final(tc: dict[str, np.ndarray], gc: dict[str, np.ndarray], key: str) -> float:
     """Trajectories (``key="trajectories"``) or tokens curve ``tc`` needs to first reach the
     final accuracy of grpo's curve ``gc``, over grpo's (inf: never reached). NaN where grpo
     ended no higher than it started: there is no gain to reach, and a row from the same start
     would "reach" it at 0."""
-    if gc["acc"][-1] <= gc["acc"][0]:
-        return math.nan
-    return trajectories_to_reach(tc, float(gc["acc"][-1]), key) / float(gc[key][-1])
+    return ratio_to_baseline_final(tc[key], tc["acc"], gc["acc"], float(gc[key][-1]))
 
 
 def mean_curve_ratio(tcs: list[dict[str, np.ndarray]], gcs: list[dict[str, np.ndarray]], key: str) -> float:

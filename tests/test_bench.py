@@ -154,8 +154,12 @@ def test_ablation_grid_covers_every_cell_and_scores_by_hand():
     assert g.grid_cells(("hashed",), m_min="half-group")[0]["spec"]["kwargs"]["m_min"] == "half-group"
     assert g.baseline_spec("pcl[pred=hashed:counts=true]") == {"name": "pcl", "kwargs": {"predictor": "hashed:counts=true"}}
     curve = [{"test_success": 0.4, "tokens": 0}, {"test_success": 0.5, "tokens": 100}, {"test_success": 0.7, "tokens": 200}]
-    assert g.reach(curve, 0.6, "tokens") == pytest.approx(150.0)
-    assert g.reach(curve, 0.8, "tokens") == float("inf")
+
+    def grpo_ending_at(acc):  # 200 tokens, from 0.3
+        return [{"test_success": 0.3, "tokens": 0}, {"test_success": acc, "tokens": 200}]
+
+    assert 200 * g.ratio_to_grpo(curve, grpo_ending_at(0.6), "tokens") == pytest.approx(150.0)
+    assert g.ratio_to_grpo(curve, grpo_ending_at(0.8), "tokens") == float("inf")
     mean, half = _benchmark_module("seed_stats").interval([1.0, 2.0, 3.0])
     assert mean == 2.0 and half == pytest.approx(4.303 * 1.0 / 3 ** 0.5, abs=1e-3)  # t(0.975, 2) = 4.3027
 
@@ -380,7 +384,9 @@ def test_train_bench_gives_no_ratio_where_grpo_did_not_gain():
                 "root_auc": np.array([])}
 
     fell, rose = run([0.4, 0.45, 0.38]), run([0.4, 0.5, 0.6])
-    assert tb.trajectories_to_reach(run([0.4, 0.3, 0.5]), 0.38, "tokens") == 0.0  # what the ratio was
+    from trace_gym.leaderboard.paired import first_reach
+
+    assert first_reach([0.0, 1000.0, 2000.0], [0.4, 0.3, 0.5], 0.38) == 0.0  # what the ratio was
     assert math.isnan(tb.ratio_to_grpo_final(run([0.4, 0.3, 0.5]), fell, "tokens"))
     assert tb.ratio_to_grpo_final(run([0.4, 0.6, 0.6]), rose, "tokens") == 0.5
     cmp = tb.compare({"trace": [run([0.4, 0.3, 0.5]), run([0.4, 0.6, 0.6])], "grpo": [fell, rose]})

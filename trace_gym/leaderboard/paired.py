@@ -71,15 +71,25 @@ def tokens_to_reach(evals: Sequence[EvalPoint], target: float) -> float:
     return first_reach([e.tokens for e in points], [e.accuracy for e in points], target)
 
 
+def ratio_to_baseline_final(spent: Sequence[float], accuracy: Sequence[float], baseline_accuracy: Sequence[float],
+                            baseline_spent: float) -> float:
+    """Where the curve (``spent``, ``accuracy``) first reaches the last of the baseline's
+    accuracies (:func:`first_reach`), over ``baseline_spent`` (inf: never). NaN where that
+    figure would measure nothing: the baseline's last accuracy is not above its first (no
+    gain to reach, and a curve from the same start would "reach" it at once), or it spent
+    nothing."""
+    if not baseline_spent or (len(baseline_accuracy) > 1 and baseline_accuracy[-1] <= baseline_accuracy[0]):
+        return math.nan
+    return first_reach(spent, accuracy, baseline_accuracy[-1]) / baseline_spent
+
+
 def tokens_to_baseline_final(evals: Sequence[EvalPoint], baseline: Sequence[EvalPoint], baseline_tokens: int) -> float:
     """Tokens at which ``evals`` first reach the final accuracy of the ``baseline``
-    evaluations, over ``baseline_tokens`` (inf: never). NaN where that figure would measure
-    nothing: the baseline's final accuracy is not above its first evaluation (no gain to
-    reach), or it spent no tokens."""
-    points = sorted(baseline, key=lambda e: e.step)
-    if not baseline_tokens or (len(points) > 1 and points[-1].accuracy <= points[0].accuracy):
-        return math.nan
-    return tokens_to_reach(evals, points[-1].accuracy) / baseline_tokens
+    evaluations, over ``baseline_tokens`` (:func:`ratio_to_baseline_final`: inf never, NaN
+    where the baseline did not gain on its first evaluation or spent no tokens)."""
+    points = sorted(evals, key=lambda e: e.step)
+    base = [e.accuracy for e in sorted(baseline, key=lambda e: e.step)]
+    return ratio_to_baseline_final([e.tokens for e in points], [e.accuracy for e in points], base, baseline_tokens)
 
 
 @dataclass
@@ -186,4 +196,4 @@ def paired_table(group: Group, against: str) -> tuple[list[str], list[list[str]]
     return header, cells
 
 
-__all__ = ["PAIRED_LEGEND", "PairedRow", "paired", "paired_table", "t_interval", "tokens_to_baseline_final", "tokens_to_reach"]
+__all__ = ["PAIRED_LEGEND", "PairedRow", "paired", "paired_table", "ratio_to_baseline_final", "t_interval", "tokens_to_baseline_final", "tokens_to_reach"]

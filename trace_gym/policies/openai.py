@@ -344,7 +344,8 @@ class OpenAIPolicy(ChatPolicy):
         held (requests still running, another client's too) and says to retry: retried for
         :attr:`RESET_RETRY_S`, then ``RuntimeError``, since KV left there would reach the next
         step or outlive a weight sync."""
-        deadline = time.monotonic() + min(self.RESET_RETRY_S, self.sync_timeout)
+        patience = min(self.RESET_RETRY_S, self.sync_timeout)
+        deadline = time.monotonic() + patience
         wait = 0.05
         while True:
             r = self._control(root, "/reset_prefix_cache")
@@ -353,7 +354,7 @@ class OpenAIPolicy(ChatPolicy):
                 return
             if time.monotonic() + wait > deadline:
                 raise RuntimeError(f"{root} did not empty its prefix cache: it answered success=false for "
-                                   f"{min(self.RESET_RETRY_S, self.sync_timeout):.0f} s (requests still hold its blocks; "
+                                   f"{patience:.0f} s (requests still hold its blocks; "
                                    "are other clients generating on it?)")
             time.sleep(wait)
             wait = min(1.0, wait * 2)
