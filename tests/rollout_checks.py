@@ -127,4 +127,5 @@ def check_step_ignores_earlier_generations(policy: Policy) -> None:
     policy.generate(openings[::-1] * 2, SamplingParams(max_new_tokens=16, temperature=1.0, seed=99))
     again = step_zero()
     assert key(again) == key(first)
+    assert again.fingerprint() == first.fingerprint()  # what a leaderboard record keeps of the step
     assert again.counters["reused_prefix_tokens"] > 0  # the step still reuses its own prefixes

@@ -145,6 +145,28 @@ def test_add_nodes_matches_add_node():
     assert a.counters == b.counters
 
 
+def test_fingerprint_names_what_was_generated_to_the_token():
+    """Forests built alike share a fingerprint; one token, one word of text, one reward or one
+    node's place in the tree more gives another (what ``leaderboard compare`` relies on)."""
+    from types import SimpleNamespace
+
+    def build(ids=(5, 6, 7), text="call add", reward=1.0, parent_of_last=None) -> Forest:
+        f = Forest()
+        r = f.add_root("task-0", "2 + 3?", payload=SimpleNamespace(token_ids=[1, 2, 3]))
+        t = f.start_trajectory(r)
+        n = f.add_node(t, n_tokens=3, text=text, payload=SimpleNamespace(token_ids=list(ids)))
+        f.add_node(t, n_tokens=1, terminal=True, reward=0.0, text="5")
+        f.add_node(f.start_trajectory(n if parent_of_last is None else parent_of_last), n_tokens=1, terminal=True,
+                   reward=reward, text="5")
+        return f
+
+    base = build().fingerprint()
+    assert len(base) == 16 and int(base, 16) >= 0
+    assert build().fingerprint() == base
+    for other in (build(ids=(5, 6, 8)), build(text="call sub"), build(reward=0.0), build(parent_of_last=0)):
+        assert other.fingerprint() != base
+
+
 def test_bad_growth_is_refused():
     f = Forest()
     root = f.add_root("a")

@@ -469,6 +469,60 @@ def test_records_written_before_the_cpu_was_recorded_still_load_and_keep_their_d
     assert len(load_records([tmp_path / "m"])) == len(old) + len(load_records([runs["a"]]))
 
 
+def _rewrite(src: Path, dst: Path, edit) -> Path:
+    """``src``'s records with ``edit(record_dict)`` applied to each, resealed, in ``dst``."""
+    lines = []
+    for line in (src / "records.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        edit(d)
+        d["digest"] = compute_digest(d)
+        lines.append(json.dumps(d, sort_keys=True, allow_nan=False))
+    dst.mkdir(parents=True)
+    (dst / "records.jsonl").write_text("\n".join(lines) + "\n")
+    return dst
+
+
+def test_compare_finds_the_step_where_two_runs_of_a_row_part(runs, tmp_path, capsys):
+    """Every step records a fingerprint of its generations; the same suite run again generated
+    the same at every step, and ``compare`` names the first step where a row's runs part."""
+    records = [lr.record for lr in load_records([runs["b"]])]
+    for r in records:
+        assert all(re.fullmatch("[0-9a-f]{16}", s.generated) for s in r.steps)
+        assert len({s.generated for s in r.steps}) == STEPS  # each step drew other prompts
+    suite = write_suite(tmp_path / "b.yaml", suite_dict("small-b-again", seeds=(2,)))
+    assert run_cli("run", suite, "--out", tmp_path / "again", "--no-progress") == 0
+    capsys.readouterr()
+    assert run_cli("compare", runs["b"], tmp_path / "again") == 0
+    out = capsys.readouterr().out
+    assert out.count(f"same at all {STEPS} steps") == len(ALLOCATORS)
+    assert f"{len(ALLOCATORS)} of {len(ALLOCATORS)} row(s) both runs hold generated the same" in out
+
+    def part_trace_at_step_2(d):
+        if d["allocator"] == "trace":
+            d["steps"][2]["generated"] = "0" * 16
+    assert run_cli("compare", runs["b"], _rewrite(tmp_path / "again", tmp_path / "parted", part_trace_at_step_2)) == 3
+    out = capsys.readouterr().out
+    assert "parts at step 2 of 4; steps 0-1 the same" in out and out.count("same at all") == len(ALLOCATORS) - 1
+
+    # records written before steps carried fingerprints: told apart by token counts only
+    def unfingerprinted(d):
+        for s in d["steps"]:
+            del s["generated"]
+        if d["allocator"] == "grpo":
+            d["steps"][1]["tokens"] += 1
+            d["spent"]["tokens"] += 1
+    old = _rewrite(runs["b"], tmp_path / "old", unfingerprinted)
+    assert [lr.record.to_json() for lr in load_records([old])] == (old / "records.jsonl").read_text().splitlines()
+    assert run_cli("compare", old, tmp_path / "again") == 3
+    out = capsys.readouterr().out
+    assert "parts at step 1 of 4 (token counts differ)" in out and "steps 0-0" not in out
+    assert out.count("unknown: no fingerprints (older records); token counts equal at all 4 steps") == len(ALLOCATORS) - 1
+
+    # runs that share no row: a usage error, not an empty table
+    assert run_cli("compare", runs["a"], runs["b"]) == 2
+    assert "no row" in capsys.readouterr().err
+
+
 def test_a_run_with_kernels_held_to_another_isa_says_so(tmp_path, monkeypatch):
     # MKL_CBWR (or an ATen / oneDNN ISA cap) makes this CPU round as another would; torch's own
     # capability does not show MKL's, so the record must carry the variable itself
@@ -637,6 +691,8 @@ def test_model_tracks_run_through_the_rollout_engine_and_the_trainer(tmp_path):
     for r in records:
         assert [s.trajectories for s in r.steps] == [8] * r.budget.steps
         assert all(s.tokens > 0 for s in r.steps)
+        # each step's generations fingerprinted, through the rollout engine and through RLTrainer
+        assert all(re.fullmatch("[0-9a-f]{16}", s.generated) for s in r.steps)
         if r.kind == "training":
             assert [(e.step, e.trajectories, e.tasks) for e in r.evals] == [(0, 0, 4), (1, 8, 4)]
             assert 0.0 <= r.final["accuracy"] <= 1.0

@@ -272,7 +272,8 @@ def model_training(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
                        "brier": rec.get("calibration/brier"), "ece": rec.get("calibration/ece"), "auc": rec.get("calibration/auc"),
                        "loss": rec.get("update/loss"), "step_s": rec.get("time/step"), "branches": rec.get("branches"),
                        "prompts": rec.get("spent/prompts"), "failed_trajectories": rec.get("spent/failed_trajectories")}
-            steps.append(StepRecord(step=i, trajectories=traj, tokens=tok, metrics={k: clean_metric(v) for k, v in metrics.items()}))
+            steps.append(StepRecord(step=i, trajectories=traj, tokens=tok, metrics={k: clean_metric(v) for k, v in metrics.items()},
+                                    generated=rec["generated"]))
             add_eval(i + 1, rec)
             if on_step:
                 on_step(i)

@@ -23,7 +23,8 @@ runs it:
    receive the full weights, or the LoRA adapter alone when training LoRA, after each
    update; servers get the trained weights before their first rollout too. Non-hf
    backends turn ``loss.is_correction`` on unless the config sets it.
-7. **Log and checkpoint.** One JSON line per step in ``metrics.jsonl`` (and TensorBoard);
+7. **Log and checkpoint.** One JSON line per step in ``metrics.jsonl`` (and TensorBoard),
+   with ``generated``, the step forest's :meth:`~trace_gym.forest.forest.Forest.fingerprint`;
    an atomic checkpoint (model, optimizer, scheduler, predictor, allocator, every RNG,
    data cursors, step, counters).
 
@@ -352,6 +353,7 @@ class RLTrainer:
         # 7. metrics, checkpoint
         self.step_index = step
         record = self._step_metrics(result.metrics)
+        record["generated"] = result.forest.fingerprint()  # a rerun that generated the same has the same
         failed = int(result.metrics.get("spent/failed_trajectories", 0))
         if failed:  # spent budget without an outcome: say so, with the errors, every step it happens
             from trace_gym.rollout.source import failure_summary, source_failures

@@ -528,6 +528,32 @@ class Forest:
         """:meth:`history` for each node (true values blanked unless ``oracle=True``)."""
         return [self.history(int(i), oracle=oracle) for i in nodes]
 
+    def fingerprint(self) -> str:
+        """A 16-hex-digit sha256 of what was generated: every node's parent, trajectory,
+        token count, reward, text and (where its payload has them) token ids, and every
+        tree's task id, in node order.
+
+        Two forests have the same fingerprint exactly when their generations are the same
+        to the token (up to sha256 collisions), whatever machine or process built them; a
+        rerun whose fingerprint differs from the original's generated something else."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for name in ("parent", "traj", "n_tokens"):
+            h.update(np.ascontiguousarray(getattr(self, name), dtype="<i4").tobytes())
+        # NaN marks a non-terminal node; one canonical bit pattern keeps equal forests equal
+        reward = np.where(np.isnan(self.reward), np.inf, self.reward)
+        h.update(np.ascontiguousarray(reward, dtype="<f8").tobytes())
+        for seq in (self.task_ids, self.text):
+            for s in seq:
+                h.update(s.encode("utf-8", "surrogatepass") + b"\x00")
+        for p in self.payload:
+            ids = getattr(p, "token_ids", None)
+            if ids is not None:
+                h.update(np.asarray(ids, dtype="<i8").tobytes())
+            h.update(b"\x01")
+        return h.hexdigest()[:16]
+
 
 _NODE_ARRAYS: dict[str, tuple[np.dtype, Any]] = {
     name: (d.dtype, d.fill) for name, d in vars(Forest).items() if isinstance(d, NodeArray)

@@ -7,11 +7,13 @@
     trace-gym leaderboard show results/quick results/other-machine
     trace-gym leaderboard show results/a results/b --allocators grpo,trace --against grpo
     trace-gym leaderboard merge results/a results/b --out results/merged
+    trace-gym leaderboard compare results/a results/a-rerun  # which rows generated the same
     trace-gym leaderboard suites                        # list the presets
 
 Exit status: 0 on success, 1 when records are refused (a bad record, or allocators of one
 group that spent different trajectories), 2 for a bad suite, bad arguments, a results folder
-holding a bad record file, or a server that does not answer (one ``error:`` line).
+holding a bad record file, or a server that does not answer (one ``error:`` line). ``compare``
+exits 3 when a row both runs hold did not generate the same at every step (or it cannot tell).
 
 ``run`` into a folder that already holds records never deletes any: the suite's new runs are
 added, and records it no longer produces are kept in ``records.earlier.jsonl`` (not ranked);
@@ -161,6 +163,51 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return _render(records, out, title=args.title, against=args.against)
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``leaderboard compare A B``: for each row both runs hold, the first step at which their
+    generations part (:mod:`trace_gym.leaderboard.compare`); 0 when every such row is the same."""
+    from rich.table import Table
+
+    from trace_gym.cli.errors import UsageError
+    from trace_gym.leaderboard.compare import compare_runs
+    from trace_gym.leaderboard.records import RANK_METRIC
+
+    try:
+        a, b = load_records([args.a]), load_records([args.b])
+    except RecordError as exc:
+        _console(stderr=True).print(f"[red]refused:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
+        return 1
+    try:
+        rows = compare_runs(a, b)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    shared = [r for r in rows if r.a is not None and r.b is not None]
+    if not shared:
+        raise UsageError(f"no row (track kind, env, allocator, seed) is in both {args.a} and {args.b}")
+    console = _console()
+    console.print(f"A: {_provenance(a)}\nB: {_provenance(b)}", highlight=False, soft_wrap=True)
+
+    def final(r) -> str:
+        v = r.final.get(RANK_METRIC[r.kind]) if r is not None else None
+        return "" if v is None else f"{v:.3f}"
+
+    def tokens(r) -> str:
+        return "" if r is None else f"{r.spent.tokens:,}"
+
+    table = Table(title="rows of A and B, step by step (generation fingerprints)")
+    for col in ("track", "env", "allocator", "seed", "generations", "tokens A", "tokens B", "final A", "final B"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        rec = r.a or r.b
+        style = {"same": "green", "parted": "red", "unknown": "yellow"}.get(r.verdict)
+        table.add_row(rec.track, rec.env, rec.allocator, str(rec.seed), r.describe(), tokens(r.a), tokens(r.b),
+                      final(r.a), final(r.b), style=style)
+    console.print(table)
+    same = sum(r.verdict == "same" for r in shared)
+    console.print(f"{same} of {len(shared)} row(s) both runs hold generated the same at every step", highlight=False)
+    return 0 if same == len(shared) else 3
+
+
 def cmd_suites(args: argparse.Namespace) -> int:
     """``leaderboard suites``: the preset suites and their tracks."""
     console = _console()
@@ -180,7 +227,7 @@ _AGAINST_HELP = ("under each table, every row against ROW (e.g. grpo), paired by
 
 
 def configure_leaderboard(parser: argparse.ArgumentParser) -> None:
-    """Add the ``run``, ``show``, ``merge`` and ``suites`` subcommands to ``parser``."""
+    """Add the ``run``, ``show``, ``merge``, ``compare`` and ``suites`` subcommands to ``parser``."""
     sub = parser.add_subparsers(dest="leaderboard_command", metavar="ACTION", required=True)
     p = sub.add_parser("run", help="run a benchmark suite and write its leaderboard",
                        description="Run a suite (a preset name such as quick/standard/paper, or a YAML file), write "
@@ -213,6 +260,14 @@ def configure_leaderboard(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--title", default="trace-gym leaderboard (merged)", help="page title")
     p.add_argument("--against", metavar="ROW", help=_AGAINST_HELP)
     p.set_defaults(func=cmd_merge)
+    p = sub.add_parser("compare", help="which rows of two runs generated the same, and the step where the others part",
+                       description="Pair the rows of two runs (track kind, env, allocator, seed) and compare them step "
+                                   "by step by their generation fingerprints (records written before those existed: by "
+                                   "token counts). Exit status 0 when every row both runs hold generated the same at "
+                                   "every step both ran, 3 otherwise.")
+    p.add_argument("a", metavar="A", help="run folder or records.jsonl")
+    p.add_argument("b", metavar="B", help="run folder or records.jsonl")
+    p.set_defaults(func=cmd_compare)
     p = sub.add_parser("suites", help="list the preset suites")
     p.set_defaults(func=cmd_suites)
 

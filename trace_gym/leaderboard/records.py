@@ -96,6 +96,18 @@ class StepRecord(_Strict):
     trajectories: int = Field(ge=0)
     tokens: int = Field(ge=0)
     metrics: dict[str, float | None] = Field(default_factory=dict)
+    generated: str = Field(default="", pattern=r"^([0-9a-f]{16})?$")
+    """The step's forest's :meth:`~trace_gym.forest.forest.Forest.fingerprint`: equal in two
+    records exactly when the step generated the same, to the token (``trace-gym leaderboard
+    compare``). Empty in records written before it was recorded, and then left out of the
+    JSON, so those keep their digest."""
+
+    @model_serializer(mode="wrap")
+    def _without_unrecorded_fingerprint(self, handler):
+        data = handler(self)
+        if not data.get("generated"):
+            data.pop("generated", None)
+        return data
 
 
 class EvalPoint(_Strict):

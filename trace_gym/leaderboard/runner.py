@@ -158,7 +158,7 @@ def step_record(result: StepResult) -> StepRecord:
         if k in m:
             metrics[k] = m[k]
     return StepRecord(step=result.step, trajectories=int(result.spend.trajectories), tokens=int(m["spent/generated_tokens"]),
-                      metrics={k: clean_metric(v) for k, v in metrics.items()})
+                      metrics={k: clean_metric(v) for k, v in metrics.items()}, generated=result.forest.fingerprint())
 
 
 ALLOCATION_FINAL = ("effective_ratio", "effective_sample_ratio", "effective_sample_ratio/grpo", "effective_token_ratio", "brier", "ece",
