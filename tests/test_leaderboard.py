@@ -483,13 +483,14 @@ def _rewrite(src: Path, dst: Path, edit) -> Path:
 
 
 def test_compare_finds_the_step_where_two_runs_of_a_row_part(runs, tmp_path, capsys):
-    """Every step records a fingerprint of its generations; the same suite run again generated
-    the same at every step, and ``compare`` names the first step where a row's runs part."""
+    """Every step records a fingerprint of its generations; the same suite run again, its rows
+    in the opposite order, generated the same at every step (a row does not depend on the rows
+    before it), and ``compare`` names the first step where a row's runs part."""
     records = [lr.record for lr in load_records([runs["b"]])]
     for r in records:
         assert all(re.fullmatch("[0-9a-f]{16}", s.generated) for s in r.steps)
         assert len({s.generated for s in r.steps}) == STEPS  # each step drew other prompts
-    suite = write_suite(tmp_path / "b.yaml", suite_dict("small-b-again", seeds=(2,)))
+    suite = write_suite(tmp_path / "b.yaml", suite_dict("small-b-again", seeds=(2,), allocators=ALLOCATORS[::-1]))
     assert run_cli("run", suite, "--out", tmp_path / "again", "--no-progress") == 0
     capsys.readouterr()
     assert run_cli("compare", runs["b"], tmp_path / "again") == 0
