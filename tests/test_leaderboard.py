@@ -453,22 +453,6 @@ def test_merge_refuses_corrupted_records_naming_record_and_field(runs, tmp_path,
     assert not (tmp_path / "m").exists()
 
 
-def test_records_written_before_the_cpu_was_recorded_still_load_and_keep_their_digest(runs, tmp_path):
-    old = []
-    for line in (runs["b"] / "records.jsonl").read_text().splitlines():
-        d = json.loads(line)
-        del d["cpu"]  # as written before records carried the CPU
-        d["digest"] = compute_digest(d)
-        old.append(json.dumps(d, sort_keys=True, allow_nan=False))
-    (tmp_path / "records.jsonl").write_text("\n".join(old) + "\n")
-    loaded = load_records([tmp_path])
-    assert [lr.record.cpu for lr in loaded] == [{}] * len(old)
-    # written out again (a merge, a move aside), each is the line it was: its digest still holds
-    assert [lr.record.to_json() for lr in loaded] == old
-    assert run_cli("merge", tmp_path, runs["a"], "--out", tmp_path / "m") == 0
-    assert len(load_records([tmp_path / "m"])) == len(old) + len(load_records([runs["a"]]))
-
-
 def _rewrite(src: Path, dst: Path, edit) -> Path:
     """``src``'s records with ``edit(record_dict)`` applied to each, resealed, in ``dst``."""
     lines = []
@@ -477,9 +461,20 @@ def _rewrite(src: Path, dst: Path, edit) -> Path:
         edit(d)
         d["digest"] = compute_digest(d)
         lines.append(json.dumps(d, sort_keys=True, allow_nan=False))
-    dst.mkdir(parents=True)
+    dst.mkdir(parents=True, exist_ok=True)
     (dst / "records.jsonl").write_text("\n".join(lines) + "\n")
     return dst
+
+
+def test_records_written_before_the_cpu_was_recorded_still_load_and_keep_their_digest(runs, tmp_path):
+    _rewrite(runs["b"], tmp_path, lambda d: d.pop("cpu"))  # as written before records carried the CPU
+    old = (tmp_path / "records.jsonl").read_text().splitlines()
+    loaded = load_records([tmp_path])
+    assert [lr.record.cpu for lr in loaded] == [{}] * len(old)
+    # written out again (a merge, a move aside), each is the line it was: its digest still holds
+    assert [lr.record.to_json() for lr in loaded] == old
+    assert run_cli("merge", tmp_path, runs["a"], "--out", tmp_path / "m") == 0
+    assert len(load_records([tmp_path / "m"])) == len(old) + len(load_records([runs["a"]]))
 
 
 def test_compare_finds_the_step_where_two_runs_of_a_row_part(runs, tmp_path, capsys):

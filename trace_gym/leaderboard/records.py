@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, ClassVar, Iterable, Literal, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
@@ -69,6 +69,18 @@ class UnequalBudget(ValueError):
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    _unrecorded_when_empty: ClassVar[tuple[str, ...]] = ()
+    """Fields added after records were first written: left out of the JSON while empty, so a
+    record written before a field existed reads back as the line it was and keeps its digest."""
+
+    @model_serializer(mode="wrap")
+    def _without_unrecorded_fields(self, handler):
+        data = handler(self)
+        for name in self._unrecorded_when_empty:
+            if not data.get(name):
+                data.pop(name, None)
+        return data
+
 
 class BudgetRecord(_Strict):
     """The budget a run was given: trajectories per step (M), steps, candidate prompts per step."""
@@ -102,12 +114,7 @@ class StepRecord(_Strict):
     compare``). Empty in records written before it was recorded, and then left out of the
     JSON, so those keep their digest."""
 
-    @model_serializer(mode="wrap")
-    def _without_unrecorded_fingerprint(self, handler):
-        data = handler(self)
-        if not data.get("generated"):
-            data.pop("generated", None)
-        return data
+    _unrecorded_when_empty = ("generated",)
 
 
 class EvalPoint(_Strict):
@@ -157,13 +164,7 @@ class Record(_Strict):
     was recorded, and then left out of the JSON, so those keep their digest."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    @model_serializer(mode="wrap")
-    def _without_unrecorded_cpu(self, handler):
-        data = handler(self)
-        if not data.get("cpu"):
-            data.pop("cpu", None)
-        return data
+    _unrecorded_when_empty = ("cpu",)
 
     @model_validator(mode="after")
     def _budget_adds_up(self) -> "Record":
