@@ -193,6 +193,42 @@ def test_own_node_calibration_is_labelled_as_such(runs):
     assert "do not compare between rows" in md and "Bayes-optimal" not in md
 
 
+def test_training_tables_count_the_prompts_sampled_and_those_that_mixed(runs):
+    """A training table shows each row's prompts a step and how many of them mixed, from the
+    steps of any record (these finals are not stored): a row that samples fewer prompts or
+    mixes fewer of them shows it, and a step that records neither is left out, not zeroed."""
+    from trace_gym.leaderboard.records import make_record
+    from trace_gym.leaderboard.render import render_markdown
+
+    loaded = [lr for lr in load_records([runs["a"]]) if lr.record.kind == "training"]
+    edited = []
+    for lr in loaded:
+        data = lr.record.model_dump(mode="python")
+        for k in ("schema_", "created", "digest"):
+            data.pop(k)
+        for i, s in enumerate(data["steps"]):
+            if lr.record.allocator == "trace":  # 10 prompts a step, 3, 4, 5, ... of them mixed
+                s["metrics"]["prompts"], s["metrics"]["effective_ratio"] = 10.0, (3 + i) / 10
+            if lr.record.allocator == "grpo" and i == 0:  # a step that recorded no prompt count
+                s["metrics"]["prompts"] = None
+        edited.append(type(lr)(make_record(**data), lr.where))
+    (group,) = rank(edited)
+    rows = {row.allocator: row for row in group.rows}
+    assert rows["trace"].mean["prompts"] == 10.0
+    assert rows["trace"].mean["mixed_prompts"] == pytest.approx(np.mean([3 + i for i in range(STEPS)]))
+    grpo = [lr.record for lr in loaded if lr.record.allocator == "grpo"]
+    expected = np.mean([np.mean([round(s.metrics["prompts"] * s.metrics["effective_ratio"]) for s in r.steps[1:]])
+                        for r in grpo])
+    assert rows["grpo"].mean["mixed_prompts"] == pytest.approx(expected) and 0 < expected <= M // 8
+    md = render_markdown([group])
+    head, rule, *body = [line for line in md.splitlines() if line.startswith("|")]
+    cells = {cols[2]: cols for cols in ([c.strip() for c in line.split("|")] for line in body)}
+    i = head.split("|").index(" mixed prompts/step ")
+    assert cells["trace"][i] == f"{np.mean([3 + j for j in range(STEPS)]):.2f} ± 0.00"
+    assert head.split("|")[i - 1].strip() == "prompts/step" and cells["trace"][i - 1] == "10.00 ± 0.00"
+    assert "mixed prompts/step: of them, those whose tree holds both a success and a failure" in md
+
+
 def test_equal_scores_share_a_rank(runs, tmp_path):
     lines = (runs["b"] / "records.jsonl").read_text().splitlines()
     tied = []

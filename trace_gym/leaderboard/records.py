@@ -39,8 +39,8 @@ RANK_METRIC = {"allocation": "effective_sample_ratio/grpo", "training": "accurac
 TABLE_METRICS = {
     "allocation": ["effective_sample_ratio/grpo", "effective_sample_ratio", "effective_ratio", "effective_token_ratio",
                    "auc_prefix", "auc_root", "brier_prefix", "brier_root", "brier", "ece", "auc", "failed_share"],
-    "training": ["accuracy", "accuracy_gain", "pass_at_k", "effective_ratio", "effective_sample_ratio", "reward_mean",
-                 "failed_share"],
+    "training": ["accuracy", "accuracy_gain", "pass_at_k", "effective_ratio", "prompts", "mixed_prompts",
+                 "effective_sample_ratio", "reward_mean", "failed_share"],
 }
 """Final metrics shown in leaderboard tables, per track kind (absent ones are skipped).
 Calibration comes in two kinds: ``auc_prefix``/``auc_root``/``brier_prefix``/``brier_root``,
@@ -50,6 +50,10 @@ the predictor after its run on an evaluation set every row of the env and seed s
 predicted during its run (other envs, and ContrastLab records written before the shared set):
 rows choose their own nodes, so those are labelled "own nodes" and are not comparable
 between rows."""
+
+PROMPT_COUNTS = ("prompts", "mixed_prompts")
+"""Metrics every record gets from its steps (:func:`prompt_counts`), records written before
+they existed included."""
 
 LOWER_IS_BETTER = {"brier", "ece", "brier_prefix", "brier_root", "failed_share"}
 
@@ -405,6 +409,19 @@ def group_key(kind: str, env_id: str, env_kwargs: dict[str, Any], policy: dict[s
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def prompt_counts(record: Record) -> dict[str, float | None]:
+    """A run's prompts a step and, of them, those whose tree held both a success and a
+    failure (``mixed_prompts``: the step's prompts times its effective ratio, the count that
+    ratio was taken over), each a mean over the steps that record both; None where none do.
+    Under grpo's advantage these are the prompts whose trajectories move the policy."""
+    pairs = [(s.metrics.get("prompts"), s.metrics.get("effective_ratio")) for s in record.steps]
+    pairs = [(p, e) for p, e in pairs if p is not None and e is not None]
+    if not pairs:
+        return {m: None for m in PROMPT_COUNTS}
+    return {"prompts": float(np.mean([p for p, _ in pairs])),
+            "mixed_prompts": float(np.mean([round(p * e) for p, e in pairs]))}
+
+
 def _aggregate(values: list[float | None]) -> tuple[float | None, float | None]:
     vals = [v for v in values if v is not None]
     if not vals:
@@ -447,9 +464,9 @@ def rank(records: Sequence[LoadedRecord], *, check: bool = True) -> list[Group]:
             rows_by_alloc.setdefault(lr.record.allocator, []).append(lr)
         rows = [Row(a, rs) for a, rs in rows_by_alloc.items()]
         for row in rows:
-            metrics = sorted({m for r in row.records for m in r.record.final})
-            for m in metrics:
-                row.mean[m], row.std[m] = _aggregate([r.record.final.get(m) for r in row.records])
+            finals = [{**prompt_counts(r.record), **r.record.final} for r in row.records]
+            for m in sorted({m for f in finals for m in f}):
+                row.mean[m], row.std[m] = _aggregate([f.get(m) for f in finals])
         group = Group(key, first.kind, first.env, first.track, first.policy, first.budget, rows)
         if check:
             check_equal_budget(group)
@@ -465,6 +482,6 @@ def rank(records: Sequence[LoadedRecord], *, check: bool = True) -> list[Group]:
 
 __all__ = [
     "BudgetRecord", "EvalPoint", "Group", "LOWER_IS_BETTER", "LoadedRecord", "RANK_METRIC", "Record", "RecordError", "Row",
-    "SCHEMA", "Spent", "StepRecord", "TABLE_METRICS", "UnequalBudget", "check_equal_budget", "clean_metric",
-    "compute_digest", "group_key", "load_records", "make_record", "parse_record_line", "rank", "write_records",
+    "PROMPT_COUNTS", "SCHEMA", "Spent", "StepRecord", "TABLE_METRICS", "UnequalBudget", "check_equal_budget", "clean_metric",
+    "compute_digest", "group_key", "load_records", "make_record", "parse_record_line", "prompt_counts", "rank", "write_records",
 ]

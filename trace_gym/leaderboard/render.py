@@ -21,6 +21,8 @@ METRIC_LABELS = {
     "effective_sample_ratio/grpo": "eff. sample ratio (grpo adv.)",
     "effective_sample_ratio": "eff. sample ratio (own adv.)",
     "effective_ratio": "eff. ratio",
+    "prompts": "prompts/step",
+    "mixed_prompts": "mixed prompts/step",
     "effective_token_ratio": "eff. token ratio",
     "auc_prefix": "AUC prefixes (eval set)",
     "auc_root": "AUC roots (eval set)",
@@ -40,10 +42,14 @@ PLOTS = {"effective_ratio": "effective_ratio.png", "accuracy": "accuracy_vs_budg
 """The PNG files a leaderboard writes (those whose tracks are present)."""
 
 
-def _fmt(mean: float | None, std: float | None, n: int) -> str:
+def _fmt(mean: float | None, std: float | None, n: int, digits: int = 3) -> str:
     if mean is None:
         return "n/a"
-    return f"{mean:.3f} ± {std:.3f}" if n > 1 and std is not None else f"{mean:.3f}"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 and std is not None else f"{mean:.{digits}f}"
+
+
+COUNTS = {"prompts", "mixed_prompts"}
+"""Metrics that count prompts (shown with two decimals, not three)."""
 
 
 def _per_seed(spend: list[tuple[int, int]]) -> str:
@@ -82,7 +88,7 @@ def _table(group: Group) -> tuple[list[str], list[list[str]]]:
     for row in group.rows:
         n = len(row.records)
         flag = "*" if row.spend_by_seed() != usual else ""
-        body.append([str(row.rank), row.allocator, str(n)] + [_fmt(row.mean.get(m), row.std.get(m), n) for m in metrics]
+        body.append([str(row.rank), row.allocator, str(n)] + [_fmt(row.mean.get(m), row.std.get(m), n, 2 if m in COUNTS else 3) for m in metrics]
                     + [_per_seed(row.spend_by_seed()) + flag, f"{round(row.tokens / max(n, 1)):,}", _advantage(row)])
     return head, body
 
@@ -101,6 +107,8 @@ LEGEND = {
     "effective_sample_ratio": "eff. sample ratio (own adv.): share of trajectories with a non-zero advantage under the row's advantage estimator (adv.)",
     "effective_token_ratio": "eff. token ratio: the same share of generated policy tokens",
     "effective_ratio": "eff. ratio: share of sampled prompts whose tree holds both a success and a failure",
+    "prompts": "prompts/step: prompts sampled a step; mixed prompts/step: of them, those whose tree holds both a success "
+               "and a failure (prompts x eff. ratio), the prompts whose trajectories carry grpo's advantage",
     "auc_prefix": "AUC and Brier prefixes/roots (eval set): the row's predictor after its run, on the same histories for "
                   "every row, prefixes (non-terminal inner nodes) and roots apart, against the exact V (n/a: it has none; "
                   "oracle rows are scored with the exact V)",
@@ -115,7 +123,7 @@ LEGEND = {
 }
 
 
-_LEGEND_ALIASES = {"auc_root": "auc_prefix", "brier_prefix": "auc_prefix", "brier_root": "auc_prefix", "ece": "brier",
+_LEGEND_ALIASES = {"mixed_prompts": "prompts", "auc_root": "auc_prefix", "brier_prefix": "auc_prefix", "brier_root": "auc_prefix", "ece": "brier",
                    "auc": "brier"}
 """Metrics explained by another one's legend entry."""
 
