@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from trace_gym.leaderboard.records import LOWER_IS_BETTER, TABLE_METRICS, Group, Row
+from trace_gym.leaderboard.records import LOWER_IS_BETTER, PROMPT_COUNTS, TABLE_METRICS, Group, Row
 
 METRIC_LABELS = {
     "effective_sample_ratio/grpo": "eff. sample ratio (grpo adv.)",
@@ -47,9 +47,6 @@ def _fmt(mean: float | None, std: float | None, n: int, digits: int = 3) -> str:
         return "n/a"
     return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 and std is not None else f"{mean:.{digits}f}"
 
-
-COUNTS = {"prompts", "mixed_prompts"}
-"""Metrics that count prompts (shown with two decimals, not three)."""
 
 
 def _per_seed(spend: list[tuple[int, int]]) -> str:
@@ -88,7 +85,7 @@ def _table(group: Group) -> tuple[list[str], list[list[str]]]:
     for row in group.rows:
         n = len(row.records)
         flag = "*" if row.spend_by_seed() != usual else ""
-        body.append([str(row.rank), row.allocator, str(n)] + [_fmt(row.mean.get(m), row.std.get(m), n, 2 if m in COUNTS else 3) for m in metrics]
+        body.append([str(row.rank), row.allocator, str(n)] + [_fmt(row.mean.get(m), row.std.get(m), n, 2 if m in PROMPT_COUNTS else 3) for m in metrics]
                     + [_per_seed(row.spend_by_seed()) + flag, f"{round(row.tokens / max(n, 1)):,}", _advantage(row)])
     return head, body
 
