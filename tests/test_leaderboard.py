@@ -229,6 +229,63 @@ def test_training_tables_count_the_prompts_sampled_and_those_that_mixed(runs):
     assert "mixed prompts/step: of them, those whose tree holds both a success and a failure" in md
 
 
+def test_per_task_scores_give_the_evaluations_own_noise_on_a_paired_difference(runs, tmp_path):
+    """Training records that keep their final evaluation's per-task scores get, against a
+    row, the 95% half-width that the evaluation alone puts on the accuracy difference (the
+    tasks paired, the seeds' variances added): a reader sees whether a gap on a seed or two is
+    one the evaluation can tell from zero. Scores that do not fit their evaluation (another
+    task count, another mean) are refused by field; records without them show no such column."""
+    from trace_gym.leaderboard.paired import EVAL_NOISE, eval_noise, paired, paired_table
+    from trace_gym.leaderboard.records import make_record
+    from trace_gym.leaderboard.render import render_markdown
+
+    loaded = [lr for lr in load_records([runs["a"]]) if lr.record.kind == "training" and lr.record.allocator in ("grpo", "trace")]
+    (plain,) = rank(loaded)
+    assert EVAL_NOISE not in paired_table(plain, "grpo")[0]  # ContrastLab's exact evaluation: nothing to pair
+    assert all("task_scores" not in line for line in (runs["a"] / "records.jsonl").read_text().splitlines())
+
+    rng = np.random.default_rng(0)
+    scores = {}
+    edited = []
+    for lr in loaded:
+        r = lr.record
+        p = 0.8 if r.allocator == "grpo" else 0.7
+        s = (rng.binomial(4, p, size=r.evals[-1].tasks) / 4).tolist()  # k = 4 samples of each task
+        scores[r.allocator, r.seed] = s
+        data = r.model_dump(mode="python")
+        for k in ("schema_", "created", "digest"):
+            data.pop(k)
+        data["evals"][-1].update(task_scores=s, accuracy=float(np.mean(s)))
+        data["final"]["accuracy"] = float(np.mean(s))
+        edited.append(type(lr)(make_record(**data), lr.where))
+    (group,) = rank(edited)
+    (trace,) = paired(group, "grpo")
+    var = [np.var(np.subtract(scores["trace", seed], scores["grpo", seed]), ddof=1) / len(scores["grpo", seed]) for seed in (0, 1)]
+    assert trace.eval_noise == pytest.approx(1.959964 * np.sqrt(sum(var)) / 2)
+    assert trace.eval_noise == pytest.approx(eval_noise([scores["trace", s] for s in (0, 1)], [scores["grpo", s] for s in (0, 1)]))
+    assert 0.01 < trace.eval_noise < 0.1  # 128 tasks, k = 4: a few points
+    head, (cells,) = paired_table(group, "grpo")
+    assert head[3] == EVAL_NOISE and cells[3] == f"± {trace.eval_noise:.3f}"
+    md = render_markdown([group], against="grpo")
+    assert "eval noise: the 95% half-width that the held-out evaluation's own sampling puts on" in md
+    # one seed of the baseline without scores: no figure for the row
+    (half,) = rank([lr for lr in edited if (lr.record.allocator, lr.record.seed) != ("grpo", 1)] +
+                   [lr for lr in loaded if (lr.record.allocator, lr.record.seed) == ("grpo", 1)])
+    assert paired(half, "grpo")[0].eval_noise is None
+    with pytest.raises(ValueError, match="the same tasks"):
+        eval_noise([[0.5, 1.0]], [[0.5]])
+
+    line = edited[0].record.model_dump(mode="json", by_alias=True)
+    for bad, problem in (({"task_scores": line["evals"][-1]["task_scores"][:-1]}, "127 scores for 128 tasks"),
+                         ({"accuracy": line["evals"][-1]["accuracy"] + 0.01}, "is not the accuracy")):
+        d = json.loads(json.dumps(line))
+        d["evals"][-1].update(bad)
+        d["digest"] = compute_digest(d)
+        (tmp_path / "records.jsonl").write_text(json.dumps(d) + "\n")
+        with pytest.raises(RecordError, match=re.escape(f"evals[{len(d['evals']) - 1}].task_scores") + ".*" + problem):
+            load_records([tmp_path])
+
+
 def test_equal_scores_share_a_rank(runs, tmp_path):
     lines = (runs["b"] / "records.jsonl").read_text().splitlines()
     tied = []
@@ -384,6 +441,43 @@ def test_a_baseline_that_ended_no_higher_than_it_started_gives_no_tokens_to_its_
     head, (cells,) = paired_table(group, "grpo")
     cell = cells[head.index("tokens to grpo's final acc. (x grpo's tokens; by seed)")]
     assert cell.startswith("reached on ") and ", 1 n/a (n/a / " in cell and "0.00" not in cell
+
+
+def test_show_keeps_the_seeds_asked_for_and_rows_whose_names_hold_commas(runs, tmp_path, capsys):
+    """`show --seeds` keeps the records of those seeds (so rows that ran different seeds can
+    still be shown on the ones they share), and `--allocators` splits only at commas outside
+    a row's parentheses, so a row labelled trace(m_max=m_min,scope=tree) can be picked."""
+    from trace_gym.leaderboard.cli import _only, split_rows
+
+    b_lines = (runs["b"] / "records.jsonl").read_text().splitlines()
+    part = tmp_path / "b-part.jsonl"  # seed 2 of grpo and trace only: uniform lacks it
+    part.write_text("\n".join(l for l in b_lines if json.loads(l)["allocator"] in ("grpo", "trace")) + "\n")
+    assert run_cli("show", runs["a"], part) == 1
+    assert "show --seeds or --allocators keeps the records that match" in capsys.readouterr().err
+    assert run_cli("show", runs["a"], part, "--seeds", "0,1", "--against", "grpo") == 0
+    out = capsys.readouterr().out
+    assert "uniform" in out and "0, 1" in out and "0, 1, 2" not in out
+    assert run_cli("show", runs["a"], part, "--seeds", "2") == 0
+    capsys.readouterr()
+    assert run_cli("show", runs["a"], "--seeds", "1,7") == 2
+    err = capsys.readouterr().err
+    assert "seed(s) 7" in err and "seeds there: 0, 1" in err
+    assert run_cli("show", runs["a"], "--seeds", "x") == 2
+    assert "whole numbers" in capsys.readouterr().err
+
+    assert split_rows("grpo, trace(m_max=m_min,scope=tree),pcl") == ["grpo", "trace(m_max=m_min,scope=tree)", "pcl"]
+    assert split_rows("trace[adv=trace:scale=group],grpo,") == ["trace[adv=trace:scale=group]", "grpo"]
+    suite = suite_dict("commas", seeds=(0,), steps=2, trajectories=64,
+                       allocators=["grpo", {"name": "trace", "kwargs": {"m_max": "m_min", "scope": "tree"}}])
+    suite["tracks"][0]["budget"]["prompts"] = 32
+    assert run_cli("run", write_suite(tmp_path / "commas.yaml", suite), "--out", tmp_path / "commas", "--no-progress") == 0
+    label = next(r.record.allocator for r in load_records([tmp_path / "commas"]) if r.record.allocator != "grpo")
+    assert "," in label
+    assert {lr.record.allocator for lr in _only(load_records([tmp_path / "commas"]), label)} == {label}
+    assert {lr.record.allocator for lr in _only(load_records([tmp_path / "commas"]), f"grpo,{label}")} == {"grpo", label}
+    capsys.readouterr()
+    assert run_cli("show", tmp_path / "commas", "--allocators", label) == 0
+    assert "trace(m_max=m_min" in capsys.readouterr().out
 
 
 def test_show_names_the_rows_there_for_a_misspelt_row(runs, capsys):

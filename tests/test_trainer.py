@@ -189,6 +189,37 @@ def test_eval_reports_mean_and_pass_at_k(reference, tmp_path, capsys, monkeypatc
     assert r["tasks"] == 8 and r["episodes"] == 32 and r["k"] == 4
     assert 0.0 <= r["mean@k"] <= r["pass@k"] <= 1.0
     assert "mean@k" in capsys.readouterr().out
+    # each task's own score: k = 4 samples of a 0/1 reward, averaging to mean@k
+    assert len(r["per_task"]) == 8 and all(4 * x == int(4 * x) for x in r["per_task"])
+    assert sum(r["per_task"]) / 8 == pytest.approx(r["mean@k"])
+
+
+def test_a_training_track_records_each_held_out_tasks_score(reference, tmp_path):
+    """A leaderboard training track of the real (micro) model keeps each evaluation's
+    per-task scores in its records (their mean is the accuracy), and `show --against` turns
+    them into the evaluation's own noise on each row's difference."""
+    from trace_gym.leaderboard import load_records
+
+    micro = tmp_path / "micro.yaml"
+    micro.write_text(yaml.safe_dump(MICRO))
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({"suite": "micro", "description": "micro model training", "seeds": [3], "tracks": [{
+        "name": "micro-training", "kind": "training", "envs": MICRO["envs"],
+        "policy": {"name": "hf", "model": "tiny", "max_new_tokens": 12, "warm_start": {"config": str(micro)}},
+        "allocators": ["grpo", "trace"], "budget": {"trajectories": 16, "prompts": 8}, "steps": 2,
+        "trainer": {"config": str(micro)}, "eval": {"split": "test", "tasks": 8, "k": 2, "every": 2}}]}))
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, "-m", "trace_gym.cli", "leaderboard", "run", str(suite), "--out", str(out), "--no-progress",
+                          "--against", "grpo"], env=_env(), capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = [lr.record for lr in load_records([out])]
+    assert sorted(r.allocator for r in records) == ["grpo", "trace"]
+    for r in records:
+        assert [e.step for e in r.evals] == [0, 2]
+        for e in r.evals:
+            assert len(e.task_scores) == 8 and all(2 * x == int(2 * x) for x in e.task_scores)
+            assert sum(e.task_scores) / 8 == pytest.approx(e.accuracy)
+    assert "| eval noise (95%, tasks paired) |" in (out / "leaderboard.md").read_text()
 
 
 # ----------------------------------------------------------------------------- reliability

@@ -4,7 +4,9 @@ For each of ``tasks`` held-out tasks the policy samples ``k`` complete episodes.
 the mean reward over all samples (accuracy when rewards are 0/1); pass@k is the share of
 tasks with at least one success (for graded rewards: the mean of each task's best reward).
 Also reported: the share of episodes that called a tool at least once, that ended with an
-answer (rather than the turn limit or a parse-error loop), mean turns and generated tokens.
+answer (rather than the turn limit or a parse-error loop), mean turns and generated tokens,
+and each task's own mean reward over its ``k`` episodes (``per_task``, in task order: what a
+comparison of two policies on the same tasks pairs).
 """
 
 from __future__ import annotations
@@ -40,8 +42,18 @@ def episode_rewards(forest: Forest) -> np.ndarray:
     return np.where(forest.finished()[leaves], forest.reward[leaves], 0.0)
 
 
-def evaluate_env(policy: Policy, env: Any, tasks: Sequence[Any], k: int, params: SamplingParams) -> dict[str, float]:
-    """Roll out ``k`` episodes of each task in ``tasks`` with ``policy`` on ``env``; see the module docstring."""
+def task_scores(forest: Forest) -> np.ndarray:
+    """Each tree's mean :func:`episode_rewards` over its episodes, in tree order (0 for a tree
+    with none)."""
+    tree = forest.tree[forest.traj_leaf]
+    total = np.bincount(tree, weights=episode_rewards(forest), minlength=forest.n_trees)
+    count = np.bincount(tree, minlength=forest.n_trees)
+    return np.divide(total, count, out=np.zeros(forest.n_trees), where=count > 0)
+
+
+def evaluate_env(policy: Policy, env: Any, tasks: Sequence[Any], k: int, params: SamplingParams) -> dict[str, Any]:
+    """Roll out ``k`` episodes of each task in ``tasks`` with ``policy`` on ``env``; see the
+    module docstring. Every figure is a float or int but ``per_task`` (a list of floats)."""
     from trace_gym.rollout.engine import TurnRecord
 
     t0 = time.perf_counter()
@@ -75,6 +87,7 @@ def evaluate_env(policy: Policy, env: Any, tasks: Sequence[Any], k: int, params:
         "k": int(k),
         "failed": int(forest.counters.get("failed_trajectories", 0)),
         "seconds": time.perf_counter() - t0,
+        "per_task": task_scores(forest).tolist(),
     }
 
 

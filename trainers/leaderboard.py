@@ -4,6 +4,7 @@ a track may ask for. Registered through the entry-point group ``trace_gym.leader
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -253,8 +254,13 @@ def model_training(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
         def add_eval(step: int, rec: dict[str, Any]) -> None:
             acc = rec.get(f"eval/{name}/mean@k")
             if acc is not None:
+                scores = trainer.task_scores.get(name, [])  # the evaluation that wrote ``rec``
+                # kept only where they are that evaluation's (a task short of its k episodes
+                # would average to another figure): the record is refused otherwise
+                fits = len(scores) == n_tasks and abs(math.fsum(scores) / n_tasks - float(acc)) <= 1e-9
                 evals.append(EvalPoint(step=step, trajectories=spent[0], tokens=spent[1], accuracy=float(acc),
-                                       pass_at_k=clean_metric(rec.get(f"eval/{name}/pass@k")), k=ev.k, tasks=n_tasks))
+                                       pass_at_k=clean_metric(rec.get(f"eval/{name}/pass@k")), k=ev.k, tasks=n_tasks,
+                                       task_scores=scores if fits else []))
 
         if bar is not None:
             progress.update(bar, description=f"  {alloc.key}: held-out evaluation before training")

@@ -214,6 +214,10 @@ class RLTrainer:
 
         # bookkeeping
         self.step_index = 0
+        self.task_scores: dict[str, list[float]] = {}
+        """After :meth:`evaluate`: each env label's held-out tasks' own mean reward over their
+        ``eval.k`` episodes, in task order (``per_task`` of
+        :func:`~trace_gym.trainers.evaluate.evaluate_env`)."""
         self._checkpoint_seconds = 0.0
         self.totals = {"trajectories": 0, "generated_tokens": 0, "tool_calls": 0, "prefill_tokens": 0}
         self.ckpt = CheckpointManager(self.out / "checkpoints", keep_last=cfg.checkpoint.keep_last)
@@ -597,7 +601,8 @@ class RLTrainer:
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, step: int | None = None) -> dict[str, float]:
-        """Held-out mean@k / pass@k per env (``eval/<env>/...``); leaves every RNG as it was."""
+        """Held-out mean@k / pass@k per env (``eval/<env>/...``; each task's own score in
+        :attr:`task_scores`); leaves every RNG as it was."""
         from trace_gym.trainers.evaluate import env_labels, evaluate_env, held_out_tasks
 
         cfg = self.cfg.eval
@@ -607,11 +612,13 @@ class RLTrainer:
         self._sync_weights()  # evaluation goes through the rollout backend: it needs the current weights
         rng = capture_rng()
         out: dict[str, float] = {}
+        scores: dict[str, list[float]] = {}
         try:
             for env, name in zip(self.envs, env_labels([env.env_id.split("/")[-1] for env in self.envs])):
                 params = SamplingParams(max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=cfg.temperature,
                                         top_p=self.cfg.rollout.top_p, seed=step_seed(self.cfg.seed, step, 1))
                 res = evaluate_env(self.policy, env, held_out_tasks(env, cfg.tasks, split=cfg.split), cfg.k, params)
+                scores[name] = res["per_task"]
                 for k in ("mean@k", "pass@k", "tool_call_rate", "answer_rate"):
                     out[f"eval/{name}/{k}"] = res[k]
                 world = getattr(env, "world", None)
@@ -619,6 +626,7 @@ class RLTrainer:
                     out[f"eval/{name}/exact_success"] = world.mean_success("test")
         finally:
             restore_rng(rng)
+        self.task_scores = scores
         return out
 
     def _log_eval_only(self, step: int) -> None:

@@ -6,6 +6,7 @@
     trace-gym leaderboard run my_suite.yaml --out results/mine
     trace-gym leaderboard show results/quick results/other-machine
     trace-gym leaderboard show results/a results/b --allocators grpo,trace --against grpo
+    trace-gym leaderboard show results/a --seeds 3,4 --allocators "grpo,trace(m_max=m_min,scope=tree)"
     trace-gym leaderboard merge results/a results/b --out results/merged
     trace-gym leaderboard compare results/a results/a-rerun  # which rows generated the same
     trace-gym leaderboard suites                        # list the presets
@@ -121,26 +122,51 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 1
 
 
-def _only(records, allocators: str | None):
-    """The records of the ``--allocators`` rows (all when None); a name no record has is a
-    usage error naming the ones there are."""
-    if not allocators:
-        return records
+def split_rows(value: str) -> list[str]:
+    """The row names of an ``--allocators`` value: split at the commas outside parentheses,
+    so a row label that holds commas (``trace(m_max=m_min,scope=tree)``) stays one name."""
+    names, depth, start = [], 0, 0
+    for i, ch in enumerate(value):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            names.append(value[start:i])
+            start = i + 1
+    names.append(value[start:])
+    return [n.strip() for n in names if n.strip()]
+
+
+def _only(records, allocators: str | None, seeds: str | None = None):
+    """The records of the ``--allocators`` rows and the ``--seeds`` seeds (all when None); a
+    name or seed no record has is a usage error naming the ones there are."""
     from trace_gym.cli.errors import UsageError
 
-    wanted = [a.strip() for a in allocators.split(",") if a.strip()]
-    present = _rows(records)
-    unknown = [a for a in wanted if a not in present]
-    if unknown:
-        raise UsageError(f"--allocators: no records of {', '.join(map(repr, unknown))} (rows there: {', '.join(present)})")
-    return [lr for lr in records if lr.record.allocator in wanted]
+    if allocators:
+        wanted = split_rows(allocators)
+        present = _rows(records)
+        unknown = [a for a in wanted if a not in present]
+        if unknown:
+            raise UsageError(f"--allocators: no records of {', '.join(map(repr, unknown))} (rows there: {', '.join(present)})")
+        records = [lr for lr in records if lr.record.allocator in wanted]
+    if seeds:
+        try:
+            chosen = {int(x) for x in seeds.split(",") if x.strip()}
+        except ValueError:
+            raise UsageError(f"--seeds {seeds!r}: give whole numbers separated by commas (e.g. 3,4)") from None
+        there = sorted({lr.record.seed for lr in records})
+        unknown = sorted(chosen - set(there))
+        if unknown or not chosen:
+            raise UsageError(f"--seeds: no records of seed(s) {', '.join(map(str, unknown)) or '(none given)'} "
+                             f"(seeds there: {', '.join(map(str, there))})")
+        records = [lr for lr in records if lr.record.seed in chosen]
+    return records
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     """``leaderboard show RUN...``: merge the runs' records in memory and print the tables;
-    ``--allocators`` keeps some rows, ``--against ROW`` adds each row against ROW paired by seed."""
+    ``--allocators`` keeps some rows, ``--seeds`` some seeds, ``--against ROW`` adds each row
+    against ROW paired by seed."""
     try:
-        records = _only(load_records(args.runs), args.allocators)
+        records = _only(load_records(args.runs), args.allocators, args.seeds)
         _check_against(records, args.against)
         return _render(records, None, title="trace-gym leaderboard", against=args.against)
     except (RecordError, UnequalBudget) as exc:
@@ -248,7 +274,9 @@ def configure_leaderboard(parser: argparse.ArgumentParser) -> None:
                        description="Read records from run folders (or records.jsonl files), refuse bad records and "
                                    "unequal budgets, and print the ranked tables.")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folder or records.jsonl")
-    p.add_argument("--allocators", metavar="A,B", help="show only these rows (e.g. the rows that ran on every seed)")
+    p.add_argument("--allocators", metavar="A,B", help="show only these rows (e.g. the rows that ran on every seed); a comma "
+                                                       "inside a row's parentheses belongs to its name")
+    p.add_argument("--seeds", metavar="S,T", help="show only the records of these seeds (e.g. the seeds every row ran)")
     p.add_argument("--against", metavar="ROW", help=_AGAINST_HELP)
     p.set_defaults(func=cmd_show)
     p = sub.add_parser("merge", help="merge the records of several runs or machines into one leaderboard",

@@ -16,6 +16,15 @@ the baseline. For every other row of a group, over the seeds it shares with the 
 
 Each is a mean with the half-width of a 95% Student t-interval over the seeds (none for one
 seed).
+
+Training records that keep their final evaluation's per-task scores
+(:attr:`~trace_gym.leaderboard.records.EvalPoint.task_scores`) also give the evaluation's
+own noise on the held-out accuracy difference: on each seed the row's and the baseline's
+scores are paired task by task (both evaluated the same held-out tasks), the variance of the
+mean difference is their sample variance over the tasks divided by the task count, and the
+seeds' variances add up to that of the mean over seeds (:func:`eval_noise`). A difference
+inside it is one the evaluation cannot tell from zero, on however many seeds; the t-interval
+over seeds holds the training's variance as well.
 """
 
 from __future__ import annotations
@@ -83,6 +92,23 @@ def ratio_to_baseline_final(spent: Sequence[float], accuracy: Sequence[float], b
     return first_reach(spent, accuracy, baseline_accuracy[-1]) / baseline_spent
 
 
+def eval_noise(rows: Sequence[Sequence[float]], baselines: Sequence[Sequence[float]]) -> float:
+    """Half-width of the 95% normal interval that evaluation noise alone puts on the mean over
+    seeds of (row's accuracy - baseline's), from each seed's per-task scores of the row and of
+    the baseline (same tasks, same order): ``1.96 * sqrt(sum_s var_s) / S`` with ``var_s`` the
+    sample variance of the per-task differences over the ``n`` tasks, over ``n``. Raises
+    ``ValueError`` for no seeds, scores of unequal length or fewer than two tasks."""
+    if not rows or len(rows) != len(baselines):
+        raise ValueError(f"eval_noise: {len(rows)} rows' scores for {len(baselines)} baselines' (one each per seed, at least one)")
+    total = 0.0
+    for r, b in zip(rows, baselines):
+        if len(r) != len(b) or len(r) < 2:
+            raise ValueError(f"eval_noise: per-task scores of {len(r)} and {len(b)} tasks (the same tasks, at least two)")
+        d = np.asarray(r, dtype=float) - np.asarray(b, dtype=float)
+        total += float(d.var(ddof=1)) / d.size
+    return 1.959964 * math.sqrt(total) / len(rows)
+
+
 def tokens_to_baseline_final(evals: Sequence[EvalPoint], baseline: Sequence[EvalPoint], baseline_tokens: int) -> float:
     """Tokens at which ``evals`` first reach the final accuracy of the ``baseline``
     evaluations, over ``baseline_tokens`` (:func:`ratio_to_baseline_final`: inf never, NaN
@@ -99,13 +125,17 @@ class PairedRow:
     ``metric_diff``: the rank metric minus the baseline's; ``token_ratio``: generated tokens
     over the baseline's; ``tokens_to_baseline``: tokens to the baseline's final accuracy over
     the baseline's tokens (inf where never reached, NaN where the baseline did not gain on its
-    first evaluation: :func:`tokens_to_baseline_final`; None for allocation groups)."""
+    first evaluation: :func:`tokens_to_baseline_final`; None for allocation groups);
+    ``eval_noise``: see the field."""
 
     allocator: str
     seeds: list[int]
     metric_diff: list[float]
     token_ratio: list[float]
     tokens_to_baseline: list[float] | None
+    eval_noise: float | None = None
+    """:func:`eval_noise` over the row's seeds (training only; None where a record of those
+    seeds has no per-task scores of its final evaluation)."""
 
     @property
     def ahead(self) -> int:
@@ -148,8 +178,18 @@ def paired(group: Group, against: str) -> list[PairedRow]:
             ratio.append(r.spent.tokens / b.spent.tokens if b.spent.tokens else math.nan)
             if group.kind == "training" and b.evals and r.evals:
                 reach.append(tokens_to_baseline_final(r.evals, b.evals, b.spent.tokens))
-        out.append(PairedRow(row.allocator, seeds, diff, ratio, reach if group.kind == "training" else None))
+        noise = None
+        if group.kind == "training":
+            finals = [(_final_scores(mine[seed]), _final_scores(base[seed])) for seed in seeds]
+            if all(r and b and len(r) == len(b) for r, b in finals):
+                noise = eval_noise([r for r, _ in finals], [b for _, b in finals])
+        out.append(PairedRow(row.allocator, seeds, diff, ratio, reach if group.kind == "training" else None, noise))
     return out
+
+
+def _final_scores(record: Record) -> list[float]:
+    """The per-task scores of the record's last evaluation (empty where it has none)."""
+    return max(record.evals, key=lambda e: e.step).task_scores if record.evals else []
 
 
 PAIRED_LEGEND = ("paired by seed: each row minus (or over) {row} on each seed both ran, mean ± half-width of the 95% "
@@ -158,6 +198,14 @@ PAIRED_LEGEND = ("paired by seed: each row minus (or over) {row} on each seed bo
                  "accuracy first reaches {row}'s final one (linear between evaluations), over {row}'s tokens "
                  "(n/a: {row}'s final acc. is not above its first evaluation, so there is no gain to reach).")
 """The legend under a paired table (``{row}``: the baseline row)."""
+
+EVAL_NOISE = "eval noise (95%, tasks paired)"
+"""The header of the column of :attr:`PairedRow.eval_noise`, present where a row has it."""
+
+EVAL_NOISE_LEGEND = (" eval noise: the 95% half-width that the held-out evaluation's own sampling puts on the held-out "
+                     "acc. difference (the final evaluations' per-task scores paired task by task, normal approximation): "
+                     "a difference inside it is not told apart by the evaluation, on however many seeds.")
+"""Appended to the legend where the table has the eval-noise column."""
 
 
 def _mean_pm(values: Sequence[float], digits: int, signed: bool = False) -> str:
@@ -181,19 +229,26 @@ def _reach_cell(values: Sequence[float]) -> str:
 
 
 def paired_table(group: Group, against: str) -> tuple[list[str], list[list[str]]]:
-    """Header and cells of :func:`paired`'s table, mean ± 95% t half-width over seeds."""
+    """Header and cells of :func:`paired`'s table, mean ± 95% t half-width over seeds; the
+    :data:`EVAL_NOISE` column (after the accuracy difference) only where a row has the figure."""
     metric = "held-out acc." if group.kind == "training" else "eff. sample ratio (grpo adv.)"
     header = ["allocator", "seeds", f"{metric} − {against}'s", "ahead on", f"tokens (x {against}'s)"]
     if group.kind == "training":
         header.append(f"tokens to {against}'s final acc. (x {against}'s tokens; by seed)")
+    rows = paired(group, against)
+    noise = any(p.eval_noise is not None for p in rows)
+    if noise:
+        header.insert(3, EVAL_NOISE)
     cells = []
-    for p in paired(group, against):
+    for p in rows:
         row = [p.allocator, ", ".join(map(str, p.seeds)), _mean_pm(p.metric_diff, 3, signed=True),
                f"{p.ahead} of {len(p.metric_diff)}" + (f" ({p.level} level)" if p.level else ""), _mean_pm(p.token_ratio, 2)]
+        if noise:
+            row.insert(3, "-" if p.eval_noise is None else f"± {p.eval_noise:.3f}")
         if p.tokens_to_baseline is not None:
             row.append(_reach_cell(p.tokens_to_baseline) if p.tokens_to_baseline else "-")
         cells.append(row)
     return header, cells
 
 
-__all__ = ["PAIRED_LEGEND", "PairedRow", "paired", "paired_table", "ratio_to_baseline_final", "t_interval", "tokens_to_baseline_final", "tokens_to_reach"]
+__all__ = ["EVAL_NOISE", "EVAL_NOISE_LEGEND", "PAIRED_LEGEND", "PairedRow", "eval_noise", "paired", "paired_table", "ratio_to_baseline_final", "t_interval", "tokens_to_baseline_final", "tokens_to_reach"]

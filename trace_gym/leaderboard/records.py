@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Literal, Sequence
+from typing import Annotated, Any, ClassVar, Iterable, Literal, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
@@ -131,6 +131,14 @@ class EvalPoint(_Strict):
     pass_at_k: float | None = Field(default=None, ge=0.0, le=1.0)
     k: int = Field(default=1, ge=1)
     tasks: int = Field(ge=1)
+    task_scores: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=list)
+    """Each held-out task's own mean reward over its ``k`` episodes, in task order (their mean
+    is ``accuracy``): what :mod:`~trace_gym.leaderboard.paired` pairs two rows of one seed on.
+    Empty where the run's evaluation has no sampling noise to pair (ContrastLab's exact
+    values) and in records written before it was recorded, and then left out of the JSON, so
+    those keep their digest."""
+
+    _unrecorded_when_empty = ("task_scores",)
 
 
 class Record(_Strict):
@@ -194,6 +202,11 @@ class Record(_Strict):
             if (e.step, e.trajectories, e.tokens) < last or e.trajectories < last[1] or e.tokens < last[2]:
                 raise _FieldProblem(f"evals[{i}]", "evaluations must be in order of step and cumulative spend")
             last = (e.step, e.trajectories, e.tokens)
+            if e.task_scores and len(e.task_scores) != e.tasks:
+                raise _FieldProblem(f"evals[{i}].task_scores", f"{len(e.task_scores)} scores for {e.tasks} tasks")
+            if e.task_scores and abs(math.fsum(e.task_scores) / e.tasks - e.accuracy) > 1e-9:
+                raise _FieldProblem(f"evals[{i}].task_scores", f"their mean ({math.fsum(e.task_scores) / e.tasks:.6f}) is not "
+                                                               f"the accuracy ({e.accuracy:.6f})")
         if self.kind == "training" and not self.evals:
             raise _FieldProblem("evals", "a training record needs at least one held-out evaluation")
         return self
@@ -444,7 +457,8 @@ def check_equal_budget(group: Group) -> None:
         per_seed = ", ".join(f"seed {seed}: {t}" for seed, t in s)
         files = ", ".join(r.where for r in row.records)
         lines.append(f"  {mark} {row.allocator}: {per_seed} (total {row.trajectories}; records {files})")
-    lines.append("Re-run the differing rows at the same budget, or show those runs separately.")
+    lines.append("Re-run the differing rows at the same budget, or show those runs separately (trace-gym leaderboard show "
+                 "--seeds or --allocators keeps the records that match).")
     raise UnequalBudget("\n".join(lines))
 
 
