@@ -286,6 +286,34 @@ def test_per_task_scores_give_the_evaluations_own_noise_on_a_paired_difference(r
             load_records([tmp_path])
 
 
+def test_training_rows_of_a_seed_evaluated_on_different_held_out_sets_are_refused(runs, tmp_path, capsys):
+    """Held-out accuracy compares only on the same tasks sampled as often: a training row
+    evaluated on fewer tasks, or with another k, than the other rows of its seed is refused by
+    name, and `show --seeds` can still show the seeds where they agree."""
+    from trace_gym.leaderboard.records import make_record, write_records
+
+    loaded = [lr for lr in load_records([runs["a"]]) if lr.record.kind == "training"]
+    edited = []
+    for lr in loaded:
+        r = lr.record
+        if (r.allocator, r.seed) == ("grpo", 1):  # grpo's seed 1 evaluated with k = 1 on 64 tasks
+            data = r.model_dump(mode="python")
+            for k in ("schema_", "created", "digest"):
+                data.pop(k)
+            data["evals"][-1].update(k=1, tasks=64)
+            r = make_record(**data)
+        edited.append(r)
+    write_records(tmp_path / "records.jsonl", edited)
+    with pytest.raises(UnequalBudget) as exc:
+        rank(load_records([tmp_path]))
+    msg = str(exc.value)
+    assert "different held-out sets" in msg and "seed 0" not in msg
+    assert "seed 1: 64 tasks x k = 1: grpo" in msg and "seed 1: 128 tasks x k = 4: trace" in msg
+    assert run_cli("show", tmp_path) == 1 and "different held-out sets" in capsys.readouterr().err
+    assert run_cli("show", tmp_path, "--seeds", "0") == 0
+    rank(load_records([runs["a"]]))  # as run: every row of a seed evaluated alike
+
+
 def test_equal_scores_share_a_rank(runs, tmp_path):
     lines = (runs["b"] / "records.jsonl").read_text().splitlines()
     tied = []

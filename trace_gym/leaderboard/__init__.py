@@ -4,7 +4,8 @@ A *suite* (YAML, validated by :class:`SuiteSpec`) lists tracks of envs x allocat
 seeds at one budget, policy and step count. ``trace-gym leaderboard run quick`` runs one and
 writes ``results/RUN/records.jsonl`` (one sealed :class:`Record` per run), ``leaderboard.md``,
 a self-contained ``leaderboard.html`` and PNG plots; ``show`` and ``merge`` combine runs from
-several machines and refuse bad records and unequal budgets; ``compare`` tells which rows of
+several machines and refuse bad records, unequal budgets and training rows of one seed
+evaluated on different held-out sets; ``compare`` tells which rows of
 two runs generated the same (:func:`compare_runs`, by each step's generation fingerprint).
 
 From Python::
@@ -19,8 +20,8 @@ From Python::
 from trace_gym.leaderboard.cli import configure_leaderboard
 from trace_gym.leaderboard.compare import RowComparison, compare_runs
 from trace_gym.leaderboard.records import (
-    Group, LoadedRecord, Record, RecordError, Row, UnequalBudget, check_equal_budget, load_records, make_record, rank,
-    write_records,
+    Group, LoadedRecord, Record, RecordError, Row, UnequalBudget, check_equal_budget, check_equal_evaluation, load_records,
+    make_record, rank, write_records,
 )
 from trace_gym.leaderboard.render import render_html, render_markdown, write_leaderboard, write_plots
 from trace_gym.leaderboard.runner import (
@@ -30,7 +31,7 @@ from trace_gym.leaderboard.spec import SuiteError, SuiteSpec, TrackSpec, load_su
 
 __all__ = [
     "Group", "LoadedRecord", "Record", "RecordError", "RolloutSource", "Row", "RowComparison", "SuiteError", "SuiteSpec", "TrackSpec",
-    "UnequalBudget", "check_equal_budget", "compare_runs", "configure_leaderboard", "load_records", "load_suite",
+    "UnequalBudget", "check_equal_budget", "check_equal_evaluation", "compare_runs", "configure_leaderboard", "load_records", "load_suite",
     "make_record", "parse_suite", "rank", "register_source", "register_training_runner", "render_html",
     "render_markdown", "register_preflight", "row_spec", "run_allocation", "run_suite", "write_leaderboard", "write_plots",
     "write_records",

@@ -13,8 +13,9 @@ sum of the steps), or a digest that does not match. Every refusal names the reco
 
 Ranking (:func:`rank`) is per *group*: records of the same track kind, env (with its
 kwargs) and policy compete. Within a group, every allocator must have spent the same
-trajectories over the same seeds; otherwise :class:`UnequalBudget` is raised with the rows
-that differ. Allocation groups rank by effective sample ratio, training groups by final
+trajectories over the same seeds, and in training groups every row of a seed must have been
+evaluated last on as many held-out tasks with as many samples each (``tasks``, ``k``);
+otherwise :class:`UnequalBudget` is raised with the rows that differ. Allocation groups rank by effective sample ratio, training groups by final
 held-out accuracy.
 """
 
@@ -67,7 +68,8 @@ class RecordError(ValueError):
 
 
 class UnequalBudget(ValueError):
-    """Allocators of one group spent different trajectories; the message lists the rows."""
+    """Allocators of one group spent different trajectories, or (training) were evaluated on
+    different held-out sets; the message lists the rows."""
 
 
 class _Strict(BaseModel):
@@ -462,8 +464,35 @@ def check_equal_budget(group: Group) -> None:
     raise UnequalBudget("\n".join(lines))
 
 
+def check_equal_evaluation(group: Group) -> None:
+    """Raise :class:`UnequalBudget` unless, on every seed, every row of a training group was
+    evaluated last on as many held-out tasks with as many samples each: the first ``tasks``
+    tasks of a split, so another count is another test set, and another ``k`` another noise
+    and pass@k. Allocation groups have no evaluation and always pass."""
+    if group.kind != "training":
+        return
+    seen: dict[int, dict[tuple[int, int], list[str]]] = {}
+    for row in group.rows:
+        for lr in row.records:
+            if lr.record.evals:
+                last = max(lr.record.evals, key=lambda e: e.step)
+                seen.setdefault(lr.record.seed, {}).setdefault((last.tasks, last.k), []).append(f"{row.allocator} ({lr.where})")
+    unequal = {seed: by for seed, by in sorted(seen.items()) if len(by) > 1}
+    if not unequal:
+        return
+    lines = [f"refusing to rank {group.title}: rows of one seed were evaluated on different held-out sets "
+             f"(their accuracies compare only on the same tasks, sampled as often):"]
+    for seed, by in unequal.items():
+        for (tasks, k), rows in sorted(by.items()):
+            lines.append(f"  seed {seed}: {tasks} tasks x k = {k}: {', '.join(rows)}")
+    lines.append("Re-run the differing rows with the same eval settings, or show those runs separately (trace-gym "
+                 "leaderboard show --seeds or --allocators keeps the records that match).")
+    raise UnequalBudget("\n".join(lines))
+
+
 def rank(records: Sequence[LoadedRecord], *, check: bool = True) -> list[Group]:
-    """Group records, check equal budgets (unless ``check=False``) and rank rows in each group.
+    """Group records, check equal budgets and (training) evaluations (unless ``check=False``:
+    :func:`check_equal_budget`, :func:`check_equal_evaluation`) and rank rows in each group.
 
     Raises :class:`UnequalBudget` naming the group and rows that differ.
     """
@@ -484,6 +513,7 @@ def rank(records: Sequence[LoadedRecord], *, check: bool = True) -> list[Group]:
         group = Group(key, first.kind, first.env, first.track, first.policy, first.budget, rows)
         if check:
             check_equal_budget(group)
+            check_equal_evaluation(group)
         metric = group.rank_metric
         score = lambda r: r.mean.get(metric) if r.mean.get(metric) is not None else -math.inf  # noqa: E731
         rows.sort(key=lambda r: (-score(r), r.allocator))
@@ -496,6 +526,6 @@ def rank(records: Sequence[LoadedRecord], *, check: bool = True) -> list[Group]:
 
 __all__ = [
     "BudgetRecord", "EvalPoint", "Group", "LOWER_IS_BETTER", "LoadedRecord", "RANK_METRIC", "Record", "RecordError", "Row",
-    "PROMPT_COUNTS", "SCHEMA", "Spent", "StepRecord", "TABLE_METRICS", "UnequalBudget", "check_equal_budget", "clean_metric",
+    "PROMPT_COUNTS", "SCHEMA", "Spent", "StepRecord", "TABLE_METRICS", "UnequalBudget", "check_equal_budget", "check_equal_evaluation", "clean_metric",
     "compute_digest", "group_key", "load_records", "make_record", "parse_record_line", "prompt_counts", "rank", "write_records",
 ]
