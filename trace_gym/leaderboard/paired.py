@@ -188,8 +188,9 @@ def paired(group: Group, against: str) -> list[PairedRow]:
 
 
 def _final_scores(record: Record) -> list[float]:
-    """The per-task scores of the record's last evaluation (empty where it has none)."""
-    return max(record.evals, key=lambda e: e.step).task_scores if record.evals else []
+    """The per-task scores of the record's last evaluation (empty where it has none; a
+    record's evaluations are in step order, which loading checks)."""
+    return record.evals[-1].task_scores if record.evals else []
 
 
 PAIRED_LEGEND = ("paired by seed: each row minus (or over) {row} on each seed both ran, mean ± half-width of the 95% "
