@@ -24,7 +24,7 @@ from trace_gym.cli.main import main
 from trace_gym.leaderboard import (
     RecordError, SuiteError, UnequalBudget, load_records, load_suite, parse_suite, rank,
 )
-from trace_gym.leaderboard.records import compute_digest
+from trace_gym.leaderboard.records import EvalPoint, compute_digest
 from trace_gym.provenance import KERNEL_ENV_VARS, cpu_info
 
 ALLOCATORS = ["grpo", "uniform", "trace"]
@@ -276,6 +276,8 @@ def test_per_task_scores_give_the_evaluations_own_noise_on_a_paired_difference(r
         eval_noise([[0.5, 1.0]], [[0.5]])
 
     line = edited[0].record.model_dump(mode="json", by_alias=True)
+    last = edited[0].record.evals[-1]
+    assert EvalPoint.scores_problem(last.task_scores, last.tasks, last.accuracy) is None  # what a runner asks first
     for bad, problem in (({"task_scores": line["evals"][-1]["task_scores"][:-1]}, "127 scores for 128 tasks"),
                          ({"accuracy": line["evals"][-1]["accuracy"] + 0.01}, "is not the accuracy")):
         d = json.loads(json.dumps(line))

@@ -4,7 +4,6 @@ a track may ask for. Registered through the entry-point group ``trace_gym.leader
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -257,7 +256,7 @@ def model_training(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
                 scores = trainer.task_scores.get(name, [])  # the evaluation that wrote ``rec``
                 # kept only where they are that evaluation's (a task short of its k episodes
                 # would average to another figure): the record is refused otherwise
-                fits = len(scores) == n_tasks and abs(math.fsum(scores) / n_tasks - float(acc)) <= 1e-9
+                fits = EvalPoint.scores_problem(scores, n_tasks, float(acc)) is None
                 evals.append(EvalPoint(step=step, trajectories=spent[0], tokens=spent[1], accuracy=float(acc),
                                        pass_at_k=clean_metric(rec.get(f"eval/{name}/pass@k")), k=ev.k, tasks=n_tasks,
                                        task_scores=scores if fits else []))

@@ -142,6 +142,19 @@ class EvalPoint(_Strict):
 
     _unrecorded_when_empty = ("task_scores",)
 
+    @staticmethod
+    def scores_problem(scores: Sequence[float], tasks: int, accuracy: float) -> str | None:
+        """Why ``scores`` cannot be the ``task_scores`` of an evaluation of ``tasks`` tasks
+        with mean ``accuracy`` (another count, another mean), or ``None`` where they can. The
+        record validator refuses such scores by field; a runner that builds an evaluation
+        asks first and leaves them out, so that a run never loses its record over them."""
+        if len(scores) != tasks:
+            return f"{len(scores)} scores for {tasks} tasks"
+        mean = math.fsum(scores) / tasks
+        if abs(mean - accuracy) > 1e-9:
+            return f"their mean ({mean:.6f}) is not the accuracy ({accuracy:.6f})"
+        return None
+
 
 class Record(_Strict):
     """One run of one allocator on one env with one seed. See the module docstring."""
@@ -204,11 +217,8 @@ class Record(_Strict):
             if (e.step, e.trajectories, e.tokens) < last or e.trajectories < last[1] or e.tokens < last[2]:
                 raise _FieldProblem(f"evals[{i}]", "evaluations must be in order of step and cumulative spend")
             last = (e.step, e.trajectories, e.tokens)
-            if e.task_scores and len(e.task_scores) != e.tasks:
-                raise _FieldProblem(f"evals[{i}].task_scores", f"{len(e.task_scores)} scores for {e.tasks} tasks")
-            if e.task_scores and abs(math.fsum(e.task_scores) / e.tasks - e.accuracy) > 1e-9:
-                raise _FieldProblem(f"evals[{i}].task_scores", f"their mean ({math.fsum(e.task_scores) / e.tasks:.6f}) is not "
-                                                               f"the accuracy ({e.accuracy:.6f})")
+            if e.task_scores and (problem := EvalPoint.scores_problem(e.task_scores, e.tasks, e.accuracy)):
+                raise _FieldProblem(f"evals[{i}].task_scores", problem)
         if self.kind == "training" and not self.evals:
             raise _FieldProblem("evals", "a training record needs at least one held-out evaluation")
         return self
