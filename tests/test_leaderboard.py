@@ -244,20 +244,20 @@ def test_per_task_scores_give_the_evaluations_own_noise_on_a_paired_difference(r
     assert EVAL_NOISE not in paired_table(plain, "grpo")[0]  # ContrastLab's exact evaluation: nothing to pair
     assert all("task_scores" not in line for line in (runs["a"] / "records.jsonl").read_text().splitlines())
 
-    rng = np.random.default_rng(0)
-    scores = {}
-    edited = []
-    for lr in loaded:
-        r = lr.record
-        p = 0.8 if r.allocator == "grpo" else 0.7
-        s = (rng.binomial(4, p, size=r.evals[-1].tasks) / 4).tolist()  # k = 4 samples of each task
-        scores[r.allocator, r.seed] = s
-        data = r.model_dump(mode="python")
+    def with_scores(lr, s):
+        data = lr.record.model_dump(mode="python")
         for k in ("schema_", "created", "digest"):
             data.pop(k)
         data["evals"][-1].update(task_scores=s, accuracy=float(np.mean(s)))
         data["final"]["accuracy"] = float(np.mean(s))
-        edited.append(type(lr)(make_record(**data), lr.where))
+        return type(lr)(make_record(**data), lr.where)
+
+    rng = np.random.default_rng(0)
+    scores = {}
+    for lr in loaded:
+        p = 0.8 if lr.record.allocator == "grpo" else 0.7
+        scores[lr.record.allocator, lr.record.seed] = (rng.binomial(4, p, size=lr.record.evals[-1].tasks) / 4).tolist()  # k = 4
+    edited = [with_scores(lr, scores[lr.record.allocator, lr.record.seed]) for lr in loaded]
     (group,) = rank(edited)
     (trace,) = paired(group, "grpo")
     var = [np.var(np.subtract(scores["trace", seed], scores["grpo", seed]), ddof=1) / len(scores["grpo", seed]) for seed in (0, 1)]
@@ -274,6 +274,13 @@ def test_per_task_scores_give_the_evaluations_own_noise_on_a_paired_difference(r
     assert paired(half, "grpo")[0].eval_noise is None
     with pytest.raises(ValueError, match="the same tasks"):
         eval_noise([[0.5, 1.0]], [[0.5]])
+    # rows that agree on every task leave no spread to estimate the noise from: n/a, not ± 0.000
+    assert np.isnan(eval_noise([scores["grpo", 0]], [scores["grpo", 0]]))
+    assert eval_noise([scores["grpo", 0], scores["trace", 1]], [scores["grpo", 0], scores["grpo", 1]]) > 0  # one seed's spread is enough
+    (same,) = rank([with_scores(lr, scores["grpo", lr.record.seed]) for lr in loaded])
+    (agree,) = paired(same, "grpo")
+    assert agree.metric_diff == [0.0, 0.0] and np.isnan(agree.eval_noise)
+    assert paired_table(same, "grpo")[1][0][3] == "n/a" and "(n/a: the per-task differences do not vary" in render_markdown([same], against="grpo")
 
     line = edited[0].record.model_dump(mode="json", by_alias=True)
     last = edited[0].record.evals[-1]

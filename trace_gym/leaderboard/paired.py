@@ -96,8 +96,11 @@ def eval_noise(rows: Sequence[Sequence[float]], baselines: Sequence[Sequence[flo
     """Half-width of the 95% normal interval that evaluation noise alone puts on the mean over
     seeds of (row's accuracy - baseline's), from each seed's per-task scores of the row and of
     the baseline (same tasks, same order): ``1.96 * sqrt(sum_s var_s) / S`` with ``var_s`` the
-    sample variance of the per-task differences over the ``n`` tasks, over ``n``. Raises
-    ``ValueError`` for no seeds, scores of unequal length or fewer than two tasks."""
+    sample variance of the per-task differences over the ``n`` tasks, over ``n``. NaN where
+    the differences do not vary on any seed (as when the rows agree on every task): there is
+    no spread to estimate the noise from, and a half-width of 0 would claim a certainty the
+    evaluation does not have. Raises ``ValueError`` for no seeds, scores of unequal length or
+    fewer than two tasks."""
     if not rows or len(rows) != len(baselines):
         raise ValueError(f"eval_noise: {len(rows)} rows' scores for {len(baselines)} baselines' (one each per seed, at least one)")
     total = 0.0
@@ -106,6 +109,8 @@ def eval_noise(rows: Sequence[Sequence[float]], baselines: Sequence[Sequence[flo
             raise ValueError(f"eval_noise: per-task scores of {len(r)} and {len(b)} tasks (the same tasks, at least two)")
         d = np.asarray(r, dtype=float) - np.asarray(b, dtype=float)
         total += float(d.var(ddof=1)) / d.size
+    if total == 0.0:
+        return math.nan
     return 1.959964 * math.sqrt(total) / len(rows)
 
 
@@ -135,7 +140,8 @@ class PairedRow:
     tokens_to_baseline: list[float] | None
     eval_noise: float | None = None
     """:func:`eval_noise` over the row's seeds (training only; None where a record of those
-    seeds has no per-task scores of its final evaluation)."""
+    seeds has no per-task scores of its final evaluation; NaN where the per-task differences
+    do not vary on any seed)."""
 
     @property
     def ahead(self) -> int:
@@ -205,7 +211,9 @@ EVAL_NOISE = "eval noise (95%, tasks paired)"
 
 EVAL_NOISE_LEGEND = (" eval noise: the 95% half-width that the held-out evaluation's own sampling puts on the held-out "
                      "acc. difference (the final evaluations' per-task scores paired task by task, normal approximation): "
-                     "a difference inside it is not told apart by the evaluation, on however many seeds.")
+                     "a difference inside it is not told apart by the evaluation, on however many seeds "
+                     "(n/a: the per-task differences do not vary on any seed, as when the rows agree on every task, "
+                     "so there is no spread to estimate it from).")
 """Appended to the legend where the table has the eval-noise column."""
 
 
@@ -245,7 +253,7 @@ def paired_table(group: Group, against: str) -> tuple[list[str], list[list[str]]
         row = [p.allocator, ", ".join(map(str, p.seeds)), _mean_pm(p.metric_diff, 3, signed=True),
                f"{p.ahead} of {len(p.metric_diff)}" + (f" ({p.level} level)" if p.level else ""), _mean_pm(p.token_ratio, 2)]
         if noise:
-            row.insert(3, "-" if p.eval_noise is None else f"± {p.eval_noise:.3f}")
+            row.insert(3, "-" if p.eval_noise is None else "n/a" if math.isnan(p.eval_noise) else f"± {p.eval_noise:.3f}")
         if p.tokens_to_baseline is not None:
             row.append(_reach_cell(p.tokens_to_baseline) if p.tokens_to_baseline else "-")
         cells.append(row)
