@@ -457,6 +457,7 @@ def test_a_baseline_that_ended_no_higher_than_it_started_gives_no_tokens_to_its_
     from dataclasses import replace
 
     from trace_gym.leaderboard.paired import paired, paired_table, tokens_to_reach
+    from trace_gym.leaderboard.render import render_markdown
 
     training = [lr for lr in load_records([runs["a"]]) if lr.record.kind == "training" and lr.record.allocator in ("grpo", "trace")]
     by = {(lr.record.allocator, lr.record.seed): lr.record for lr in training}
@@ -478,6 +479,22 @@ def test_a_baseline_that_ended_no_higher_than_it_started_gives_no_tokens_to_its_
     head, (cells,) = paired_table(group, "grpo")
     cell = cells[head.index("tokens to grpo's final acc. (x grpo's tokens; by seed)")]
     assert cell.startswith("reached on ") and ", 1 n/a (n/a / " in cell and "0.00" not in cell
+
+    # a row that stops before reaching the target is censored at its own spend: the figure is
+    # above its token multiple, which is what decides a target such as "<= 0.6 x"
+    def out_of_reach(lr):
+        r = lr.record
+        if (r.allocator, r.seed) != ("grpo", 1):
+            return lr
+        return replace(lr, record=r.model_copy(update={"evals": r.evals[:-1] + [r.evals[-1].model_copy(update={"accuracy": 1.0})]}))
+
+    (group,) = rank([out_of_reach(lr) for lr in training])
+    (trace,) = paired(group, "grpo")
+    assert trace.tokens_to_baseline[1] == float("inf")
+    head, (cells,) = paired_table(group, "grpo")
+    cell = cells[head.index("tokens to grpo's final acc. (x grpo's tokens; by seed)")]
+    assert cell.endswith(f" / not by {trace.token_ratio[1]:.2f})") and "never" not in cell
+    assert "not by x: the row did not reach it within its own tokens" in render_markdown([group], against="grpo")
 
 
 def test_show_keeps_the_seeds_asked_for_and_rows_whose_names_hold_commas(runs, tmp_path, capsys):

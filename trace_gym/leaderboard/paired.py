@@ -10,7 +10,8 @@ the baseline. For every other row of a group, over the seeds it shares with the 
 * the generated tokens, as a multiple of the baseline's;
 * training only, the tokens to the baseline's final accuracy: the generated tokens at which
   the row's held-out accuracy first reaches the baseline's final one (linear between its
-  evaluations; never, if it does not), as a multiple of the tokens the baseline spent. Where
+  evaluations), as a multiple of the tokens the baseline spent; a row that does not reach it
+  within its run shows "not by" its own token multiple (the figure is above it). Where
   the baseline ended no higher than its first evaluation there is no gain to reach (a row
   from the same start would "reach" it with no tokens at all), so that seed's figure is n/a.
 
@@ -203,7 +204,8 @@ PAIRED_LEGEND = ("paired by seed: each row minus (or over) {row} on each seed bo
                  "Student t-interval over those seeds (no ± for one seed); ahead on: seeds on which the row's ranked "
                  "metric is above {row}'s (level: equal to it); tokens to {row}'s final acc.: generated tokens when the row's held-out "
                  "accuracy first reaches {row}'s final one (linear between evaluations), over {row}'s tokens "
-                 "(n/a: {row}'s final acc. is not above its first evaluation, so there is no gain to reach).")
+                 "(not by x: the row did not reach it within its own tokens, x times {row}'s, so the figure is above x; "
+                 "n/a: {row}'s final acc. is not above its first evaluation, so there is no gain to reach).")
 """The legend under a paired table (``{row}``: the baseline row)."""
 
 EVAL_NOISE = "eval noise (95%, tasks paired)"
@@ -225,10 +227,13 @@ def _mean_pm(values: Sequence[float], digits: int, signed: bool = False) -> str:
     return f"{m:{sign}.{digits}f}" + ("" if math.isnan(h) else f" ± {h:.{digits}f}")
 
 
-def _reach_cell(values: Sequence[float]) -> str:
+def _reach_cell(values: Sequence[float], spent: Sequence[float]) -> str:
+    # a run that stopped before reaching the target is censored at its own spend, not
+    # "never": the figure is above that spend, which decides a target below it
     defined = [v for v in values if not math.isnan(v)]
     reached = [v for v in defined if not math.isinf(v)]
-    per_seed = " / ".join("n/a" if math.isnan(v) else "never" if math.isinf(v) else f"{v:.2f}" for v in values)
+    per_seed = " / ".join("n/a" if math.isnan(v) else f"not by {x:.2f}" if math.isinf(v) else f"{v:.2f}"
+                          for v, x in zip(values, spent))
     if len(values) == 1 or not defined:
         return per_seed
     if len(reached) == len(values):
@@ -255,7 +260,7 @@ def paired_table(group: Group, against: str) -> tuple[list[str], list[list[str]]
         if noise:
             row.insert(3, "-" if p.eval_noise is None else "n/a" if math.isnan(p.eval_noise) else f"± {p.eval_noise:.3f}")
         if p.tokens_to_baseline is not None:
-            row.append(_reach_cell(p.tokens_to_baseline) if p.tokens_to_baseline else "-")
+            row.append(_reach_cell(p.tokens_to_baseline, p.token_ratio) if p.tokens_to_baseline else "-")
         cells.append(row)
     return header, cells
 
