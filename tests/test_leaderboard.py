@@ -451,6 +451,66 @@ def test_tokens_to_reach_interpolates_between_evaluations():
     assert np.isnan(t_interval([0.5])[1]) and t_interval([1.0, float("inf")])[0] == float("inf")
 
 
+def test_accuracy_at_equal_tokens_reads_both_curves_where_the_thriftier_run_stopped(runs):
+    """Tokens to the baseline's final accuracy divide by the slope where a curve meets it, so
+    on a plateau they swing over much of a run; the paired table also gives the accuracy
+    difference at equal tokens: both curves read, linear between evaluations, at the fewer of
+    the two runs' last-evaluated tokens, with the evaluation's own noise from per-task scores
+    mixed by the same weights."""
+    from dataclasses import replace
+
+    from trace_gym.leaderboard.paired import EQUAL_TOKENS, accuracy_at, eval_noise, paired, paired_table
+    from trace_gym.leaderboard.records import EvalPoint
+    from trace_gym.leaderboard.render import render_markdown
+
+    def point(step, tokens, scores):
+        return EvalPoint(step=step, trajectories=10 * step, tokens=tokens, accuracy=float(np.mean(scores)), tasks=len(scores),
+                         task_scores=scores)
+
+    curve = [point(0, 0, [0.0, 0.5]), point(4, 1000, [0.5, 1.0]), point(8, 3000, [1.0, 1.0])]
+    assert accuracy_at(curve, 1000) == (0.75, [0.5, 1.0])  # at an evaluation: its own
+    acc, scores = accuracy_at(curve, 2000)  # halfway from step 4 to step 8
+    assert acc == pytest.approx(0.875) and scores == pytest.approx([0.75, 1.0])
+    assert accuracy_at(list(reversed(curve)), 2000)[0] == pytest.approx(0.875)  # by step, not list order
+    assert np.isnan(accuracy_at(curve, 3001)[0]) and accuracy_at(curve, 3001)[1] is None  # past the last evaluation
+    assert np.isnan(accuracy_at(curve[1:], 500)[0])  # before the first
+    assert accuracy_at([curve[0], curve[1].model_copy(update={"task_scores": None})], 500) == (pytest.approx(0.5), None)
+    with pytest.raises(ValueError, match="at least one evaluation"):
+        accuracy_at([], 0)
+
+    training = [lr for lr in load_records([runs["a"]]) if lr.record.kind == "training" and lr.record.allocator in ("grpo", "trace")]
+    by = {(lr.record.allocator, lr.record.seed): lr.record for lr in training}
+    (group,) = rank(training)
+    (trace,) = paired(group, "grpo")
+    for seed, diff in zip(trace.seeds, trace.equal_tokens_diff):
+        r, b = by["trace", seed], by["grpo", seed]
+        at = min(r.evals[-1].tokens, b.evals[-1].tokens)
+        assert diff == pytest.approx(accuracy_at(r.evals, at)[0] - accuracy_at(b.evals, at)[0])
+        assert at in (r.evals[-1].tokens, b.evals[-1].tokens)
+    assert trace.equal_tokens_noise is None  # ContrastLab's exact evaluation keeps no per-task scores
+    head, (cells,) = paired_table(group, "grpo")
+    column = head.index(EQUAL_TOKENS.format(row="grpo"))
+    assert head[column + 1].startswith("tokens to grpo's final acc.") and cells[column].startswith(("+", "-"))
+    assert "(eval" not in cells[column]
+    assert "acc. at equal tokens: the row's held-out accuracy minus grpo's at the fewer" in render_markdown([group], against="grpo")
+
+    # the thriftier row stops halfway between two of the baseline's evaluations: the baseline
+    # is read there, per-task scores mixed alike, and the noise is that of the mixed scores
+    base = [point(0, 0, [0.0, 0.0, 0.5, 0.5]), point(4, 1000, [0.5, 0.5, 0.5, 1.0]), point(8, 2000, [1.0, 0.5, 1.0, 1.0])]
+    mine = [point(0, 0, [0.0, 0.0, 0.5, 0.5]), point(8, 1500, [1.0, 1.0, 0.5, 1.0])]
+
+    def with_evals(lr, evals):
+        return replace(lr, record=lr.record.model_copy(update={"evals": evals}))
+
+    seed0 = [with_evals(lr, base if lr.record.allocator == "grpo" else mine) for lr in training if lr.record.seed == 0]
+    (only,) = paired(rank(seed0)[0], "grpo")
+    halfway = [0.75, 0.5, 0.75, 1.0]
+    assert only.equal_tokens_diff == pytest.approx([0.875 - 0.75])
+    assert only.equal_tokens_noise == pytest.approx(eval_noise([[1.0, 1.0, 0.5, 1.0]], [halfway]))
+    head, (cells,) = paired_table(rank(seed0)[0], "grpo")
+    assert cells[head.index(EQUAL_TOKENS.format(row="grpo"))] == f"+0.125 (eval ± {only.equal_tokens_noise:.3f})"
+
+
 def test_a_baseline_that_ended_no_higher_than_it_started_gives_no_tokens_to_its_final(runs):
     """make run's tiny MathCalc track once printed trace reaching grpo's final with 0.00 x its
     tokens: grpo had ended below the step-0 accuracy both rows started from."""

@@ -13,7 +13,14 @@ the baseline. For every other row of a group, over the seeds it shares with the 
   evaluations), as a multiple of the tokens the baseline spent; a row that does not reach it
   within its run shows "not by" its own token multiple (the figure is above it). Where
   the baseline ended no higher than its first evaluation there is no gain to reach (a row
-  from the same start would "reach" it with no tokens at all), so that seed's figure is n/a.
+  from the same start would "reach" it with no tokens at all), so that seed's figure is n/a;
+* training only, the held-out accuracy at equal tokens: the row's accuracy minus the
+  baseline's at the fewer of the two runs' last-evaluated tokens, each curve linear between
+  its evaluations (:func:`accuracy_at`). Where the curves flatten the figure to reach the
+  baseline's final accuracy divides by a slope near zero and swings over much of a run; this
+  one does not. Its bias is stated instead: the run that spent more is read between two of
+  its evaluations, and the chord of a curve that flattens lies below it, so the figure leans
+  toward the run that spent fewer tokens (evaluating more often shrinks it).
 
 Each is a mean with the half-width of a 95% Student t-interval over the seeds (none for one
 seed).
@@ -81,6 +88,30 @@ def tokens_to_reach(evals: Sequence[EvalPoint], target: float) -> float:
     return first_reach([e.tokens for e in points], [e.accuracy for e in points], target)
 
 
+def accuracy_at(evals: Sequence[EvalPoint], tokens: float) -> tuple[float, list[float] | None]:
+    """Held-out accuracy of ``evals`` (in step order) at ``tokens`` generated tokens: an
+    evaluation's own where one was taken there, else linear between the two around it, with
+    the per-task scores mixed by the same weights (None where either lacks them). NaN and
+    None outside the evaluated span. Raises ``ValueError`` for no evaluations."""
+    points = sorted(evals, key=lambda e: e.step)
+    if not points:
+        raise ValueError("accuracy_at needs at least one evaluation")
+    for i, e in enumerate(points):
+        if e.tokens < tokens:
+            continue
+        if e.tokens == tokens:
+            return e.accuracy, list(e.task_scores) if e.task_scores else None
+        if i == 0:
+            break
+        a = points[i - 1]
+        w = (tokens - a.tokens) / (e.tokens - a.tokens)
+        scores = None
+        if a.task_scores and e.task_scores and len(a.task_scores) == len(e.task_scores):
+            scores = [(1 - w) * x + w * y for x, y in zip(a.task_scores, e.task_scores)]
+        return (1 - w) * a.accuracy + w * e.accuracy, scores
+    return math.nan, None
+
+
 def ratio_to_baseline_final(spent: Sequence[float], accuracy: Sequence[float], baseline_accuracy: Sequence[float],
                             baseline_spent: float) -> float:
     """Where the curve (``spent``, ``accuracy``) first reaches the last of the baseline's
@@ -143,6 +174,12 @@ class PairedRow:
     """:func:`eval_noise` over the row's seeds (training only; None where a record of those
     seeds has no per-task scores of its final evaluation; NaN where the per-task differences
     do not vary on any seed)."""
+    equal_tokens_diff: list[float] | None = None
+    """Training only: held-out accuracy minus the baseline's at the fewer of the two runs'
+    last-evaluated tokens, each by :func:`accuracy_at` (NaN where a curve does not span them)."""
+    equal_tokens_noise: float | None = None
+    """:func:`eval_noise` on :attr:`equal_tokens_diff`, from the per-task scores mixed as the
+    accuracies are (None where some evaluation it reads has no per-task scores)."""
 
     @property
     def ahead(self) -> int:
@@ -177,7 +214,7 @@ def paired(group: Group, against: str) -> list[PairedRow]:
         seeds = sorted(set(mine) & set(base))
         if not seeds:
             continue
-        diff, ratio, reach = [], [], []
+        diff, ratio, reach, equal, equal_scores = [], [], [], [], []
         for seed in seeds:
             r, b = mine[seed], base[seed]
             if r.final.get(metric) is not None and b.final.get(metric) is not None:
@@ -185,12 +222,20 @@ def paired(group: Group, against: str) -> list[PairedRow]:
             ratio.append(r.spent.tokens / b.spent.tokens if b.spent.tokens else math.nan)
             if group.kind == "training" and b.evals and r.evals:
                 reach.append(tokens_to_baseline_final(r.evals, b.evals, b.spent.tokens))
-        noise = None
+                at = min(r.evals[-1].tokens, b.evals[-1].tokens)
+                (ra, rs), (ba, bs) = accuracy_at(r.evals, at), accuracy_at(b.evals, at)
+                equal.append(ra - ba)
+                equal_scores.append((rs, bs))
+        noise = equal_noise = None
         if group.kind == "training":
             finals = [(_final_scores(mine[seed]), _final_scores(base[seed])) for seed in seeds]
             if all(r and b and len(r) == len(b) for r, b in finals):
                 noise = eval_noise([r for r, _ in finals], [b for _, b in finals])
-        out.append(PairedRow(row.allocator, seeds, diff, ratio, reach if group.kind == "training" else None, noise))
+            if equal_scores and all(r and b and len(r) == len(b) for r, b in equal_scores):
+                equal_noise = eval_noise([r for r, _ in equal_scores], [b for _, b in equal_scores])
+        training = group.kind == "training"
+        out.append(PairedRow(row.allocator, seeds, diff, ratio, reach if training else None, noise,
+                             equal if training else None, equal_noise))
     return out
 
 
@@ -218,6 +263,16 @@ EVAL_NOISE_LEGEND = (" eval noise: the 95% half-width that the held-out evaluati
                      "so there is no spread to estimate it from).")
 """Appended to the legend where the table has the eval-noise column."""
 
+EQUAL_TOKENS_LEGEND = (" acc. at equal tokens: the row's held-out accuracy minus {row}'s at the fewer of the two runs' "
+                       "last-evaluated tokens, each curve linear between its evaluations (eval ±: the evaluation's own "
+                       "noise on it, per-task scores mixed the same way); unlike the tokens to {row}'s final acc. it does "
+                       "not swing where the curves flatten, but it leans toward the run that spent fewer tokens: the other "
+                       "is read between two evaluations, below a curve that flattens.")
+"""Appended to the legend of a training group's paired table (``{row}``: the baseline row)."""
+
+EQUAL_TOKENS = "held-out acc. − {row}'s at equal tokens"
+"""The header of the column of :attr:`PairedRow.equal_tokens_diff` (``{row}``: the baseline row)."""
+
 
 def _mean_pm(values: Sequence[float], digits: int, signed: bool = False) -> str:
     if not values:
@@ -242,13 +297,22 @@ def _reach_cell(values: Sequence[float], spent: Sequence[float]) -> str:
     return f"reached on {len(reached)} of {len(defined)} seeds" + (f", {na} n/a" if na else "") + f" ({per_seed})"
 
 
+def _equal_tokens_cell(values: Sequence[float], noise: float | None) -> str:
+    defined = [v for v in values if not math.isnan(v)]
+    na = len(values) - len(defined)
+    cell = _mean_pm(defined, 3, signed=True) if defined else "n/a"
+    if noise is not None and defined:
+        cell += " (eval n/a)" if math.isnan(noise) else f" (eval ± {noise:.3f})"
+    return cell + (f"; n/a on {na} of {len(values)} seeds" if na and defined else "")
+
+
 def paired_table(group: Group, against: str) -> tuple[list[str], list[list[str]]]:
     """Header and cells of :func:`paired`'s table, mean ± 95% t half-width over seeds; the
     :data:`EVAL_NOISE` column (after the accuracy difference) only where a row has the figure."""
     metric = "held-out acc." if group.kind == "training" else "eff. sample ratio (grpo adv.)"
     header = ["allocator", "seeds", f"{metric} − {against}'s", "ahead on", f"tokens (x {against}'s)"]
     if group.kind == "training":
-        header.append(f"tokens to {against}'s final acc. (x {against}'s tokens; by seed)")
+        header += [EQUAL_TOKENS.format(row=against), f"tokens to {against}'s final acc. (x {against}'s tokens; by seed)"]
     rows = paired(group, against)
     noise = any(p.eval_noise is not None for p in rows)
     if noise:
@@ -259,10 +323,12 @@ def paired_table(group: Group, against: str) -> tuple[list[str], list[list[str]]
                f"{p.ahead} of {len(p.metric_diff)}" + (f" ({p.level} level)" if p.level else ""), _mean_pm(p.token_ratio, 2)]
         if noise:
             row.insert(3, "-" if p.eval_noise is None else "n/a" if math.isnan(p.eval_noise) else f"± {p.eval_noise:.3f}")
+        if p.equal_tokens_diff is not None:
+            row.append(_equal_tokens_cell(p.equal_tokens_diff, p.equal_tokens_noise) if p.equal_tokens_diff else "-")
         if p.tokens_to_baseline is not None:
             row.append(_reach_cell(p.tokens_to_baseline, p.token_ratio) if p.tokens_to_baseline else "-")
         cells.append(row)
     return header, cells
 
 
-__all__ = ["EVAL_NOISE", "EVAL_NOISE_LEGEND", "PAIRED_LEGEND", "PairedRow", "eval_noise", "paired", "paired_table", "ratio_to_baseline_final", "t_interval", "tokens_to_baseline_final", "tokens_to_reach"]
+__all__ = ["EQUAL_TOKENS", "EQUAL_TOKENS_LEGEND", "EVAL_NOISE", "EVAL_NOISE_LEGEND", "PAIRED_LEGEND", "PairedRow", "accuracy_at", "eval_noise", "paired", "paired_table", "ratio_to_baseline_final", "t_interval", "tokens_to_baseline_final", "tokens_to_reach"]

@@ -179,14 +179,15 @@ def paired_section(group: Group, against: str | None) -> tuple[str, list[str], l
     """``(title, header, cells, legend)`` of the group's rows against ``against`` paired by seed
     (:mod:`trace_gym.leaderboard.paired`); None without ``against``, when the group has no such
     row, or when no other row shares a seed with it."""
-    from trace_gym.leaderboard.paired import EVAL_NOISE, EVAL_NOISE_LEGEND, PAIRED_LEGEND, paired_table
+    from trace_gym.leaderboard.paired import EQUAL_TOKENS_LEGEND, EVAL_NOISE, EVAL_NOISE_LEGEND, PAIRED_LEGEND, paired_table
 
     if not against or all(r.allocator != against for r in group.rows):
         return None
     head, body = paired_table(group, against)
     if not body:
         return None
-    legend = PAIRED_LEGEND.format(row=against) + (EVAL_NOISE_LEGEND if EVAL_NOISE in head else "")
+    legend = (PAIRED_LEGEND.format(row=against) + (EQUAL_TOKENS_LEGEND.format(row=against) if group.kind == "training" else "")
+              + (EVAL_NOISE_LEGEND if EVAL_NOISE in head else ""))
     return f"against {against}, paired by seed", head, body, legend
 
 
