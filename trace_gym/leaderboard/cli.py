@@ -249,8 +249,9 @@ def cmd_suites(args: argparse.Namespace) -> int:
 
 
 _AGAINST_HELP = ("under each table, every row against ROW (e.g. grpo), paired by seed: the ranked metric's difference "
-                 "and the tokens, with 95%% intervals (training: also the tokens to ROW's final accuracy, and the "
-                 "evaluation's own noise on the difference where the records keep per-task scores)")
+                 "and the tokens, with 95%% intervals (training: also the accuracy at equal tokens and the tokens to ROW's "
+                 "final accuracy, and the evaluation's own noise on the differences where the records keep per-task "
+                 "scores)")
 
 
 def configure_leaderboard(parser: argparse.ArgumentParser) -> None:
