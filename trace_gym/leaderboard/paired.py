@@ -206,6 +206,7 @@ def paired(group: Group, against: str) -> list[PairedRow]:
         raise KeyError(f"--against {against!r} is not a row of {group.title} (rows: {', '.join(rows)})")
     base = _by_seed(rows[against])
     metric = group.rank_metric
+    training = group.kind == "training"
     out = []
     for row in group.rows:
         if row.allocator == against:
@@ -220,23 +221,27 @@ def paired(group: Group, against: str) -> list[PairedRow]:
             if r.final.get(metric) is not None and b.final.get(metric) is not None:
                 diff.append(r.final[metric] - b.final[metric])
             ratio.append(r.spent.tokens / b.spent.tokens if b.spent.tokens else math.nan)
-            if group.kind == "training" and b.evals and r.evals:
+            if training and b.evals and r.evals:
                 reach.append(tokens_to_baseline_final(r.evals, b.evals, b.spent.tokens))
                 at = min(r.evals[-1].tokens, b.evals[-1].tokens)
                 (ra, rs), (ba, bs) = accuracy_at(r.evals, at), accuracy_at(b.evals, at)
                 equal.append(ra - ba)
                 equal_scores.append((rs, bs))
         noise = equal_noise = None
-        if group.kind == "training":
-            finals = [(_final_scores(mine[seed]), _final_scores(base[seed])) for seed in seeds]
-            if all(r and b and len(r) == len(b) for r, b in finals):
-                noise = eval_noise([r for r, _ in finals], [b for _, b in finals])
-            if equal_scores and all(r and b and len(r) == len(b) for r, b in equal_scores):
-                equal_noise = eval_noise([r for r, _ in equal_scores], [b for _, b in equal_scores])
-        training = group.kind == "training"
+        if training:
+            noise = _noise_where_scored([(_final_scores(mine[seed]), _final_scores(base[seed])) for seed in seeds])
+            equal_noise = _noise_where_scored(equal_scores)
         out.append(PairedRow(row.allocator, seeds, diff, ratio, reach if training else None, noise,
                              equal if training else None, equal_noise))
     return out
+
+
+def _noise_where_scored(pairs: Sequence[tuple[Sequence[float] | None, Sequence[float] | None]]) -> float | None:
+    """:func:`eval_noise` over per-seed ``(row, baseline)`` per-task scores; None where there
+    are no seeds or some seed lacks scores on either side or has them of unequal length."""
+    if not pairs or not all(r and b and len(r) == len(b) for r, b in pairs):
+        return None
+    return eval_noise([r for r, _ in pairs], [b for _, b in pairs])
 
 
 def _final_scores(record: Record) -> list[float]:
