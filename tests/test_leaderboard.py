@@ -721,6 +721,74 @@ def test_records_written_before_the_cpu_was_recorded_still_load_and_keep_their_d
     assert len(load_records([tmp_path / "m"])) == len(old) + len(load_records([runs["a"]]))
 
 
+def test_the_first_steps_of_a_longer_run_rank_beside_a_shorter_run(runs, tmp_path, capsys):
+    """``show --steps N`` reads each run as its first N steps: cut from a 4-step run, every
+    row is the 2-step run of the same suite (same generations, spend, evaluations and
+    means over steps), so a longer run ranks beside a shorter one at an equal budget; what
+    was measured after the whole run (the shared calibration AUCs) reads as missing."""
+    from trace_gym.leaderboard.cut import first_steps
+    from trace_gym.leaderboard.runner import SHARED_CALIBRATION
+
+    TIMINGS = {"allocator_ms", "rollout_s", "step_s"}
+    def untimed(step):  # the same step takes other wall-clock times in another run
+        return step.model_copy(update={"metrics": {k: v for k, v in step.metrics.items() if k not in TIMINGS}})
+
+    suite = write_suite(tmp_path / "short.yaml", suite_dict("small-short", seeds=(0,), steps=2, training=True))
+    assert run_cli("run", suite, "--out", tmp_path / "short", "--no-progress") == 0
+    short = {(r.kind, r.allocator): r for r in (lr.record for lr in load_records([tmp_path / "short"]))}
+    longer = [lr.record for lr in load_records([runs["a"]]) if lr.record.seed == 0]
+    assert {(r.kind, r.allocator) for r in longer} == set(short) and len(short) == 6
+    for rec in longer:
+        cut, real = first_steps(rec, 2), short[rec.kind, rec.allocator]
+        assert rec.budget.steps == STEPS and cut.budget == real.budget
+        assert [s.generated for s in cut.steps] == [s.generated for s in real.steps]
+        assert [untimed(s) for s in cut.steps] == [untimed(s) for s in real.steps] and cut.evals == real.evals
+        assert (cut.spent.trajectories, cut.spent.tokens) == (real.spent.trajectories, real.spent.tokens)
+        assert cut.spent.wall_s <= rec.spent.wall_s
+        assert set(cut.final) == set(rec.final)
+        for name, value in real.final.items():
+            if name in TIMINGS:
+                continue
+            if name in SHARED_CALIBRATION:
+                assert cut.final[name] is None
+            elif value is None:
+                assert cut.final[name] is None, name
+            else:
+                assert cut.final[name] == pytest.approx(value, abs=1e-12), name
+        if rec.kind == "training":
+            assert cut.final["accuracy"] == cut.evals[-1].accuracy != rec.final["accuracy"]
+        assert cut.digest == cut.content_digest() and (cut.run, cut.seed, cut.group) == (rec.run, rec.seed, rec.group)
+    assert first_steps(longer[0], STEPS) is longer[0]
+
+    # the CLI: the trace rows' 4-step runs beside grpo's 2-step runs, as a longer run of a
+    # new allocator beside the baseline's shorter one: refused as they are, ranked at 2 steps
+    def only(src: Path, dst: Path, keep) -> Path:
+        dst.mkdir()
+        lines = (src / "records.jsonl").read_text().splitlines()
+        (dst / "records.jsonl").write_text("".join(l + "\n" for l in lines if keep(json.loads(l))))
+        return dst
+    grpo_short = only(tmp_path / "short", tmp_path / "grpo-short", lambda d: d["allocator"] == "grpo")
+    long_rest = only(runs["a"], tmp_path / "long-rest", lambda d: d["allocator"] != "grpo" and d["seed"] == 0)
+    capsys.readouterr()
+    assert run_cli("show", grpo_short, long_rest) == 1
+    assert "different trajectories" in capsys.readouterr().err
+    assert run_cli("show", grpo_short, long_rest, "--steps", 2, "--against", "grpo") == 0
+    out = capsys.readouterr().out
+    assert "x 2 steps" in out and "x 4 steps" not in out and "paired by seed" in out
+    assert "every row spent the same trajectories" in out and "held-out acc. − grpo's at equal tokens" in out
+    note = " ".join(out.split())
+    assert "--steps 2: 4 of 6 record(s) read as their runs' first 2 steps; measured after the whole run, their auc_prefix" in note
+    # what cannot be cut is a usage error naming each record and why
+    assert run_cli("show", grpo_short, runs["b"], "--steps", 3) == 2
+    err = capsys.readouterr().err
+    assert "ran 2 steps, fewer than the 3 asked for" in err and "grpo-short/records.jsonl:" in err and "b/records.jsonl" not in err
+    assert run_cli("show", runs["a"], "--steps", 3) == 2
+    err = capsys.readouterr().err
+    assert "was not evaluated after step 3 (evaluated after steps 0, 2, 4)" in err and "records.jsonl:" in err
+    assert run_cli("show", runs["a"], "--steps", 0) == 2
+    assert "at least one" in capsys.readouterr().err
+
+
 def test_compare_finds_the_step_where_two_runs_of_a_row_part(runs, tmp_path, capsys):
     """Every step records a fingerprint of its generations; the same suite run again, its rows
     in the opposite order, generated the same at every step (a row does not depend on the rows

@@ -7,6 +7,7 @@
     trace-gym leaderboard show results/quick results/other-machine
     trace-gym leaderboard show results/a results/b --allocators grpo,trace --against grpo
     trace-gym leaderboard show results/a --seeds 3,4 --allocators "grpo,trace(m_max=m_min,scope=tree)"
+    trace-gym leaderboard show results/trace-12-steps results/grpo-8-steps --steps 8 --against grpo
     trace-gym leaderboard merge results/a results/b --out results/merged
     trace-gym leaderboard compare results/a results/a-rerun  # which rows generated the same
     trace-gym leaderboard suites                        # list the presets
@@ -163,15 +164,39 @@ def _only(records, allocators: str | None, seeds: str | None = None):
 
 def cmd_show(args: argparse.Namespace) -> int:
     """``leaderboard show RUN...``: merge the runs' records in memory and print the tables;
-    ``--allocators`` keeps some rows, ``--seeds`` some seeds, ``--against ROW`` adds each row
-    against ROW paired by seed."""
+    ``--allocators`` keeps some rows, ``--seeds`` some seeds, ``--steps N`` reads every run
+    as its first N steps (:func:`~trace_gym.leaderboard.cut.first_steps`), ``--against ROW``
+    adds each row against ROW paired by seed."""
     try:
         records = _only(load_records(args.runs), args.allocators, args.seeds)
+        notes = []
+        if args.steps is not None:
+            records, note = _first_steps(records, args.steps)
+            notes += [note] if note else []
         _check_against(records, args.against)
-        return _render(records, None, title="trace-gym leaderboard", against=args.against)
+        return _render(records, None, title="trace-gym leaderboard", notes=notes, against=args.against)
     except (RecordError, UnequalBudget) as exc:
         _console(stderr=True).print(f"[red]refused:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
         return 1
+
+
+def _first_steps(records, steps: int):
+    """The records cut to their runs' first ``steps`` steps, and the note under the tables
+    saying how many were cut and which final metrics that left out (None: none was longer);
+    a record that cannot be cut is a usage error naming each and why."""
+    from trace_gym.cli.errors import UsageError
+    from trace_gym.leaderboard.cut import CutError, cut_records
+
+    try:
+        out = cut_records(records, steps)
+    except CutError as exc:
+        raise UsageError(f"--steps {steps}: {exc}") from None
+    cut = [(a.record, b.record) for a, b in zip(records, out) if a is not b]
+    if not cut:
+        return out, None
+    lost = sorted({name for a, b in cut for name, value in a.final.items() if value is not None and b.final.get(name) is None})
+    return out, (f"--steps {steps}: {len(cut)} of {len(out)} record(s) read as their runs' first {steps} steps"
+                 + (f"; measured after the whole run, their {', '.join(lost)} are left out." if lost else "."))
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -279,6 +304,12 @@ def configure_leaderboard(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--allocators", metavar="A,B", help="show only these rows (e.g. the rows that ran on every seed); a comma "
                                                        "inside a row's parentheses belongs to its name")
     p.add_argument("--seeds", metavar="S,T", help="show only the records of these seeds (e.g. the seeds every row ran)")
+    p.add_argument("--steps", metavar="N", type=int,
+                   help="read every run as its first N steps, so that a longer run ranks beside a run of N steps at "
+                        "the same budget (a training run must have been evaluated after step N; final metrics measured "
+                        "after the whole run, such as the shared calibration AUCs, read as missing; a trainer whose "
+                        "learning rate follows a cosine schedule over its steps took those N at other rates than an "
+                        "N-step run)")
     p.add_argument("--against", metavar="ROW", help=_AGAINST_HELP)
     p.set_defaults(func=cmd_show)
     p = sub.add_parser("merge", help="merge the records of several runs or machines into one leaderboard",

@@ -1,0 +1,92 @@
+"""A record cut to its run's first steps (``trace-gym leaderboard show --steps N``).
+
+A leaderboard ranks rows at an equal budget, so a run of 12 steps cannot sit in a table with
+one of 8. But the first 8 steps of the longer run are an 8-step run: a step does not know how
+many follow it (the schedule, the seed's draws and the step's metrics depend only on the
+steps before), so its records of those steps are what an 8-step run of the same row writes.
+:func:`first_steps` rebuilds that record from the longer one:
+
+* ``budget.steps``, ``steps`` and ``spent`` (trajectories and tokens summed over the kept
+  steps; ``wall_s`` is not recorded by step, so it is the run's prorated by tokens);
+* the evaluations after the kept steps; a training record must have been evaluated after
+  step N itself, as an N-step run is after its last step;
+* ``final``: the metrics that are means over steps (:data:`~trace_gym.leaderboard.runner.ALLOCATION_FINAL`,
+  :data:`~trace_gym.leaderboard.runner.TRAINING_FINAL`) and the failed share, again over the
+  kept steps; the held-out accuracy, pass@k and accuracy gain from the last kept evaluation.
+  Any other final metric (the shared calibration set's AUCs, scored on the predictor as the
+  whole run left it) cannot be had for step N and reads None;
+* the digest, sealed anew. Everything else (run, config hash, host, commit) is the longer
+  run's, so the provenance still names where the steps came from.
+
+The one difference from a real N-step run is a learning-rate schedule that depends on the
+run's length: a trainer whose schedule decays over ``steps`` took its first N steps at other
+rates than an N-step run would. ``trace-gym leaderboard compare`` tells, by the steps'
+generation fingerprints, whether a cut record and a shorter run generated the same.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from trace_gym.leaderboard.records import LoadedRecord, Record, make_record
+from trace_gym.leaderboard.runner import ALLOCATION_FINAL, TRAINING_FINAL, failed_share, mean_metrics
+
+class CutError(ValueError):
+    """A record that cannot be cut to the steps asked for: it ran fewer, or (training) it was
+    not evaluated after the last of them."""
+
+
+def first_steps(record: Record, steps: int) -> Record:
+    """``record`` as its run's first ``steps`` steps (the module docstring says what changes).
+    The record itself where it ran exactly ``steps``. Raises :class:`CutError` where it ran
+    fewer, where ``steps`` is below 1, or where a training record has no evaluation after
+    step ``steps``."""
+    ran = record.budget.steps
+    if steps < 1:
+        raise CutError(f"cannot cut to {steps} steps: a record keeps at least one")
+    if steps > ran:
+        raise CutError(f"ran {ran} steps, fewer than the {steps} asked for")
+    if steps == ran:
+        return record
+    kept = record.steps[:steps]
+    evals = [e for e in record.evals if e.step <= steps]
+    if record.kind == "training" and (not evals or evals[-1].step != steps):
+        at = ", ".join(str(e.step) for e in record.evals)
+        raise CutError(f"was not evaluated after step {steps} (evaluated after steps {at}), so it has no held-out "
+                       f"accuracy there; cut at one of those steps")
+    tokens = sum(s.tokens for s in kept)
+    trajectories = sum(s.trajectories for s in kept)
+    wall = record.spent.wall_s * tokens / record.spent.tokens if record.spent.tokens else 0.0
+    averaged = set(ALLOCATION_FINAL if record.kind == "allocation" else TRAINING_FINAL)
+    final: dict[str, float | None] = {name: None for name in record.final}
+    final.update(mean_metrics(kept, [name for name in record.final if name in averaged]))
+    if "failed_share" in record.final:
+        final["failed_share"] = failed_share(kept)
+    if record.kind == "training":
+        last, first = evals[-1], evals[0]
+        final.update(accuracy=last.accuracy, pass_at_k=last.pass_at_k, accuracy_gain=last.accuracy - first.accuracy)
+    fields = record.model_dump(by_alias=False, exclude={"schema_", "digest"})
+    fields.update(budget={**fields["budget"], "steps": steps}, steps=[s.model_dump() for s in kept],
+                  evals=[e.model_dump() for e in evals], final=final,
+                  spent={"trajectories": trajectories, "tokens": tokens, "wall_s": wall})
+    return make_record(**fields)
+
+
+def cut_records(records: Sequence[LoadedRecord], steps: int) -> list[LoadedRecord]:
+    """Every record as its run's first ``steps`` steps (:func:`first_steps`), each still
+    naming where it was read (``file:line (first N steps)`` where it was cut). Raises
+    :class:`CutError` naming every record that cannot be cut and why."""
+    out, problems = [], []
+    for lr in records:
+        try:
+            rec = first_steps(lr.record, steps)
+        except CutError as exc:
+            problems.append(f"  {lr.record.allocator}, seed {lr.record.seed} ({lr.where}): {exc}")
+            continue
+        out.append(lr if rec is lr.record else LoadedRecord(rec, f"{lr.where} (first {steps} steps)"))
+    if problems:
+        raise CutError(f"cannot show the first {steps} steps of {len(problems)} record(s):\n" + "\n".join(problems))
+    return out
+
+
+__all__ = ["CutError", "cut_records", "first_steps"]
