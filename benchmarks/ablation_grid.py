@@ -44,7 +44,10 @@ a run needs to first reach the final held-out accuracy of ``grpo`` on the same s
 interpolation between steps), divided by the tokens ``grpo`` spent; likewise
 ``trajectories_to_grpo``. A run that never reaches it scores ``inf`` for that seed; on a
 seed where grpo ended no higher than it started every run scores NaN (n/a: no gain to
-reach), and the tables leave that seed out of the interval and count it.
+reach), and the tables leave that seed out of the interval and count it. Beside it, the
+held-out accuracy at equal tokens: the run's minus grpo's on the same seed at the fewer of
+the two runs' tokens (linear between steps, as the leaderboard's paired tables read it),
+which does not divide by the slope of a curve that has flattened.
 
 Intervals: mean +- t(0.975, n-1) * sd / sqrt(n) over seeds (n = 3: t = 4.30), so with three
 seeds an interval is wide; a mean with an ``inf`` seed is ``inf``. Rows are ranked by the
@@ -72,7 +75,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 from seed_stats import fmt, interval, paired_table  # this script's own folder: run as a script, it is on sys.path
-from trace_gym.leaderboard.paired import ratio_to_baseline_final
+from trace_gym.leaderboard.paired import curve_at, ratio_to_baseline_final
 from trace_gym.sim.difficulty import DEFAULT_DIFFICULTY
 
 STAGE1 = ("uniform", "paper", "posterior")
@@ -160,6 +163,18 @@ def ratio_to_grpo(curve: list[dict[str, Any]], grpo_curve: list[dict[str, Any]],
     return ratio_to_baseline_final([p[key] for p in curve], acc(curve), acc(grpo_curve), grpo_curve[-1][key])
 
 
+def accuracy_over_grpo_at_equal_tokens(curve: list[dict[str, Any]], grpo_curve: list[dict[str, Any]]) -> float:
+    """Held-out accuracy of ``curve`` minus ``grpo_curve``'s at the fewer of the two runs'
+    tokens, both linear between steps (the package's
+    :func:`~trace_gym.leaderboard.paired.curve_at`, as the leaderboard's paired tables read it)."""
+    at = min(curve[-1]["tokens"], grpo_curve[-1]["tokens"])
+
+    def read(c: list[dict[str, Any]]) -> float:
+        return curve_at([p["tokens"] for p in c], [p["test_success"] for p in c], at)
+
+    return read(curve) - read(grpo_curve)
+
+
 def run_part(args: argparse.Namespace, learn: float, rows: list[dict[str, Any]], advantages: tuple[str | None, ...]) -> dict:
     """Run ``rows`` x ``advantages`` x seeds; returns ``{key: {seed: result}}``."""
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -206,18 +221,20 @@ def allocation_table(runs: dict[str, dict[int, Any]]) -> list[str]:
 
 
 def learning_summary(runs: dict[str, dict[int, Any]]) -> dict[str, dict[str, Any]]:
-    """Per run key: final held-out accuracy and tokens/trajectories to reach grpo's final
+    """Per run key: final held-out accuracy, tokens/trajectories to reach grpo's final
     accuracy (per seed; inf: never reached; NaN on a seed where grpo's curve ended no higher
-    than it started, which a row from the same start would "reach" at 0)."""
+    than it started, which a row from the same start would "reach" at 0) and held-out accuracy
+    minus grpo's at equal tokens (:func:`accuracy_over_grpo_at_equal_tokens`)."""
     grpo = runs["grpo"]
     out = {}
     for key, by_seed in runs.items():
-        tok, traj, acc = [], [], []
+        tok, traj, acc, equal = [], [], [], []
         for seed, r in sorted(by_seed.items()):
             tok.append(ratio_to_grpo(r["curve"], grpo[seed]["curve"], "tokens"))
             traj.append(ratio_to_grpo(r["curve"], grpo[seed]["curve"], "trajectories"))
             acc.append(r["final_test_success"])
-        out[key] = {"tokens_to_grpo": tok, "trajectories_to_grpo": traj, "final_test_success": acc,
+            equal.append(accuracy_over_grpo_at_equal_tokens(r["curve"], grpo[seed]["curve"]))
+        out[key] = {"tokens_to_grpo": tok, "trajectories_to_grpo": traj, "final_test_success": acc, "equal_tokens_diff": equal,
                     "initial_test_success": statistics.fmean(r["curve"][0]["test_success"] for r in by_seed.values())}
     return out
 
@@ -239,11 +256,19 @@ def _ratio_sort(values: list[float]) -> float:
     return 2e9 if mi is None else 1e9 if math.isinf(mi[0]) else mi[0]
 
 
+def _signed(values: list[float] | None) -> str:
+    """Mean ± 95% interval with its sign, 3 decimals ("-" in a summary saved before the figure existed)."""
+    if not values:
+        return "-"
+    m, h = interval(values)
+    return f"{m:+.3f}" + ("" if math.isnan(h) else f" ± {h:.3f}")
+
+
 def learning_table(summary: dict[str, dict[str, Any]]) -> list[str]:
     """Markdown rows of the learning part, ranked by tokens to reach grpo's final held-out
     accuracy (over the seeds where grpo gained; "seeds reaching it" counts the others as n/a)."""
     head = ["rank", "row", "tokens to grpo's final acc. (x grpo's)", "trajectories to it (x grpo's)", "final held-out acc.",
-            "seeds reaching it"]
+            "held-out acc. − grpo's at equal tokens", "seeds reaching it"]
     rows = []
     for key, s in summary.items():
         vals = s["tokens_to_grpo"]
@@ -252,7 +277,7 @@ def learning_table(summary: dict[str, dict[str, Any]]) -> list[str]:
         seeds = f"{reached}/{len(vals) - na}" + (f", {na} n/a (grpo did not gain)" if na else "")
         sort_key = (_ratio_sort(vals), -statistics.fmean(s["final_test_success"]))
         rows.append((sort_key, [key, _ratio_text(vals), _ratio_text(s["trajectories_to_grpo"]),
-                                fmt(interval(s["final_test_success"]), digits=3), seeds]))
+                                fmt(interval(s["final_test_success"]), digits=3), _signed(s.get("equal_tokens_diff")), seeds]))
     rows.sort(key=lambda x: x[0])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += [f"| {i + 1} | " + " | ".join(r) + " |" for i, (_, r) in enumerate(rows)]

@@ -279,6 +279,39 @@ def test_ablation_grid_gives_no_tokens_to_grpo_where_grpo_did_not_gain():
     assert "| n/a |" in "\n".join(g.learning_table(flat)) and "| n/a |" in "\n".join(g.learning_pivot(flat, ()))
 
 
+def test_ablation_grid_reads_both_learning_curves_at_equal_tokens():
+    """The learning table's accuracy at equal tokens: a row that spends fewer tokens a step is
+    read at its last step, grpo's curve at those tokens (linear between steps), and the
+    difference is the row's minus grpo's on each seed, mean ± 95% interval."""
+    import math
+
+    from trace_gym.leaderboard.paired import curve_at
+
+    g = _grid_module()
+
+    def run(acc, per_step):
+        return {"final_test_success": acc[-1],
+                "curve": [{"test_success": a, "tokens": per_step * i, "trajectories": 8.0 * i} for i, a in enumerate(acc)]}
+
+    grpo = run([0.5, 0.6, 0.7], 100.0)
+    assert curve_at([0, 100, 200], [0.5, 0.6, 0.7], 120) == pytest.approx(0.62)
+    assert curve_at([0, 100, 200], [0.5, 0.6, 0.7], 100) == 0.6 and math.isnan(curve_at([0, 100], [0.5, 0.6], 150))
+    # the thriftier row (60 tokens a step) ends at 120 tokens: 0.7 against grpo's 0.62 there
+    assert g.accuracy_over_grpo_at_equal_tokens(run([0.5, 0.6, 0.7], 60.0)["curve"], grpo["curve"]) == pytest.approx(0.08)
+    # a row that spends more is read where grpo stopped: at 200 tokens, a third of the way
+    # from its step 1 (150 tokens) to its step 2 (300), 0.55 + 0.1 / 3, against grpo's 0.7
+    assert g.accuracy_over_grpo_at_equal_tokens(run([0.5, 0.55, 0.65], 150.0)["curve"], grpo["curve"]) == pytest.approx(0.55 + 0.1 / 3 - 0.7)
+    runs = {"grpo": {0: grpo, 1: grpo}, "trace": {0: run([0.5, 0.6, 0.7], 60.0), 1: run([0.5, 0.65, 0.7], 60.0)}}
+    summary = g.learning_summary(runs)
+    assert summary["trace"]["equal_tokens_diff"] == pytest.approx([0.08, 0.08]) and summary["grpo"]["equal_tokens_diff"] == [0.0, 0.0]
+    table = g.learning_table(summary)
+    assert "held-out acc. − grpo's at equal tokens" in table[0]
+    trace = next(line for line in table if "| trace |" in line)
+    assert "| +0.080 ± 0.000 |" in trace
+    saved = {k: {kk: vv for kk, vv in v.items() if kk != "equal_tokens_diff"} for k, v in summary.items()}
+    assert "| - |" in next(line for line in g.learning_table(saved) if "| trace |" in line)  # a summary saved before the column
+
+
 def test_ablation_grid_without_the_lm_encoder_fails_before_any_run(monkeypatch, capsys):
     """Without the MiniLM package a grid with an lm predictor stops at once with what to
     install or which --predictors to pass, not an hour in when the first lm run starts."""

@@ -88,28 +88,53 @@ def tokens_to_reach(evals: Sequence[EvalPoint], target: float) -> float:
     return first_reach([e.tokens for e in points], [e.accuracy for e in points], target)
 
 
+def _bracket(spent: Sequence[float], at: float) -> tuple[int, int, float] | None:
+    """``(i, j, w)`` such that a curve with points at ``spent`` (in order) reads
+    ``(1 - w) * y[i] + w * y[j]`` at ``at``: the first point at ``at`` itself (``i == j``), else
+    the two around it; None outside the curve's span."""
+    for j, x in enumerate(spent):
+        if x < at:
+            continue
+        if x == at:
+            return j, j, 1.0
+        if j == 0:
+            return None
+        return j - 1, j, (at - spent[j - 1]) / (x - spent[j - 1])
+    return None
+
+
+def curve_at(spent: Sequence[float], accuracy: Sequence[float], at: float) -> float:
+    """An accuracy curve's value at spend ``at`` (``spent``, ``accuracy``: its points in
+    order): a point's own where one is there, else linear between the two around it; NaN
+    outside the curve's span. The reading :func:`first_reach` inverts."""
+    if len(spent) != len(accuracy):
+        raise ValueError(f"curve_at: {len(spent)} spend values for {len(accuracy)} accuracies")
+    where = _bracket(spent, at)
+    if where is None:
+        return math.nan
+    i, j, w = where
+    return float(accuracy[j]) if i == j else (1 - w) * accuracy[i] + w * accuracy[j]
+
+
 def accuracy_at(evals: Sequence[EvalPoint], tokens: float) -> tuple[float, list[float] | None]:
-    """Held-out accuracy of ``evals`` (in step order) at ``tokens`` generated tokens: an
-    evaluation's own where one was taken there, else linear between the two around it, with
-    the per-task scores mixed by the same weights (None where either lacks them). NaN and
-    None outside the evaluated span. Raises ``ValueError`` for no evaluations."""
+    """Held-out accuracy of ``evals`` (in step order) at ``tokens`` generated tokens
+    (:func:`curve_at`), with the per-task scores mixed by the same weights (None where either
+    evaluation lacks them). NaN and None outside the evaluated span. Raises ``ValueError``
+    for no evaluations."""
     points = sorted(evals, key=lambda e: e.step)
     if not points:
         raise ValueError("accuracy_at needs at least one evaluation")
-    for i, e in enumerate(points):
-        if e.tokens < tokens:
-            continue
-        if e.tokens == tokens:
-            return e.accuracy, list(e.task_scores) if e.task_scores else None
-        if i == 0:
-            break
-        a = points[i - 1]
-        w = (tokens - a.tokens) / (e.tokens - a.tokens)
-        scores = None
-        if a.task_scores and e.task_scores and len(a.task_scores) == len(e.task_scores):
-            scores = [(1 - w) * x + w * y for x, y in zip(a.task_scores, e.task_scores)]
-        return (1 - w) * a.accuracy + w * e.accuracy, scores
-    return math.nan, None
+    where = _bracket([e.tokens for e in points], tokens)
+    if where is None:
+        return math.nan, None
+    i, j, w = where
+    a, e = points[i], points[j]
+    if i == j:
+        return e.accuracy, list(e.task_scores) if e.task_scores else None
+    scores = None
+    if a.task_scores and e.task_scores and len(a.task_scores) == len(e.task_scores):
+        scores = [(1 - w) * x + w * y for x, y in zip(a.task_scores, e.task_scores)]
+    return (1 - w) * a.accuracy + w * e.accuracy, scores
 
 
 def ratio_to_baseline_final(spent: Sequence[float], accuracy: Sequence[float], baseline_accuracy: Sequence[float],
@@ -336,4 +361,4 @@ def paired_table(group: Group, against: str) -> tuple[list[str], list[list[str]]
     return header, cells
 
 
-__all__ = ["EQUAL_TOKENS", "EQUAL_TOKENS_LEGEND", "EVAL_NOISE", "EVAL_NOISE_LEGEND", "PAIRED_LEGEND", "PairedRow", "accuracy_at", "eval_noise", "paired", "paired_table", "ratio_to_baseline_final", "t_interval", "tokens_to_baseline_final", "tokens_to_reach"]
+__all__ = ["EQUAL_TOKENS", "EQUAL_TOKENS_LEGEND", "EVAL_NOISE", "EVAL_NOISE_LEGEND", "PAIRED_LEGEND", "PairedRow", "accuracy_at", "curve_at", "eval_noise", "paired", "paired_table", "ratio_to_baseline_final", "t_interval", "tokens_to_baseline_final", "tokens_to_reach"]
