@@ -13,7 +13,10 @@ Two comparisons, both through :class:`trace_gym.trainers.RLTrainer`:
 For each comparison it prints held-out accuracy against trajectories and against generated
 tokens, the gain over the SFT start, and the *trajectory ratio*: trajectories TRACE needed
 to first reach GRPO's final held-out accuracy, divided by GRPO's trajectories (the target is
-at most 0.5). Figures and a JSON summary go to ``--out``.
+at most 0.5), the same in tokens, and the held-out accuracy at equal tokens (TRACE's minus
+GRPO's at the fewer of the two runs' last-evaluated tokens, each curve linear between its
+evaluations: a figure that does not swing where the curves flatten). Figures and a JSON
+summary go to ``--out``.
 
     python benchmarks/train_bench.py                      # both, 3 seeds, 2 worker processes
     python benchmarks/train_bench.py --only contrastlab   # the fast one
@@ -43,7 +46,7 @@ from typing import Any
 
 import numpy as np
 from seed_stats import paired_table  # this script's own folder: run as a script, it is on sys.path
-from trace_gym.leaderboard.paired import ratio_to_baseline_final
+from trace_gym.leaderboard.paired import curve_at, ratio_to_baseline_final, t_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 ACC = "eval/{env}/mean@k"
@@ -138,6 +141,14 @@ def ratio_to_grpo_final(tc: dict[str, np.ndarray], gc: dict[str, np.ndarray], ke
     return ratio_to_baseline_final(tc[key], tc["acc"], gc["acc"], float(gc[key][-1]))
 
 
+def accuracy_over_grpo_at_equal_tokens(tc: dict[str, np.ndarray], gc: dict[str, np.ndarray]) -> float:
+    """Held-out accuracy of curve ``tc`` minus grpo's curve ``gc`` at the fewer of the two
+    runs' last-evaluated tokens, each linear between its evaluations (the leaderboard's
+    :func:`~trace_gym.leaderboard.paired.curve_at`)."""
+    at = float(min(tc["tokens"][-1], gc["tokens"][-1]))
+    return curve_at(tc["tokens"], tc["acc"], at) - curve_at(gc["tokens"], gc["acc"], at)
+
+
 def mean_curve_ratio(tcs: list[dict[str, np.ndarray]], gcs: list[dict[str, np.ndarray]], key: str) -> float:
     """:func:`ratio_to_grpo_final` on the seed-averaged curves."""
     def avg(cs):
@@ -175,6 +186,7 @@ def compare(curves: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Any]:
             "trace_effective_sample_ratio": float(tc["effective_sample_ratio"].mean()),
             "grpo_effective_sample_ratio": float(gc["effective_sample_ratio"].mean()),
             "trace_tokens": int(tc["tokens"][-1]), "grpo_tokens": int(gc["tokens"][-1]),
+            "equal_tokens_diff": accuracy_over_grpo_at_equal_tokens(tc, gc),
         })
     ratios = ("trajectory_ratio", "token_ratio")
     mean = {k: float(np.mean([s[k] for s in out["seeds"]])) for k in out["seeds"][0] if k not in ratios}
@@ -186,6 +198,9 @@ def compare(curves: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Any]:
     mean["token_ratio_of_mean_curves"] = mean_curve_ratio(curves["trace"], curves["grpo"], "tokens")
     mean["token_ratio_interval"] = bootstrap_interval(curves["trace"], curves["grpo"], "tokens")
     mean["trajectory_ratio_interval"] = bootstrap_interval(curves["trace"], curves["grpo"], "trajectories", target=0.5)
+    diffs = [s["equal_tokens_diff"] for s in out["seeds"]]
+    mean["equal_tokens_diff"], mean["equal_tokens_half_width"] = t_interval(diffs)
+    mean["equal_tokens_ahead"] = sum(d > 0 for d in diffs)
     out["mean"] = mean
     return out
 
@@ -275,7 +290,11 @@ def report(name: str, cmp: dict[str, Any], seconds: float) -> list[str]:
               f"tokens spent trace {m['trace_tokens']:.0f} vs grpo {m['grpo_tokens']:.0f}; wall {seconds:.0f} s",
               "95% bootstrap intervals over seeds (inf: more than 2.5% of resamples never reach grpo's final accuracy): "
               + "; ".join(f"{k.split('_')[0]} ratio [{m[k]['low']:.2f}, {m[k]['high']:.2f}], {m[k]['share_at_most_target']:.0%} of "
-                          f"resamples <= {m[k]['target']}" for k in ("token_ratio_interval", "trajectory_ratio_interval")), ""]
+                          f"resamples <= {m[k]['target']}" for k in ("token_ratio_interval", "trajectory_ratio_interval")),
+              f"held-out accuracy at equal tokens (trace's minus grpo's at the fewer of the two runs' last-evaluated tokens, "
+              f"both linear between evaluations): {m['equal_tokens_diff']:+.3f}"
+              + ("" if math.isnan(m["equal_tokens_half_width"]) else f" ± {m['equal_tokens_half_width']:.3f} (95% t over seeds)")
+              + f", trace ahead on {m['equal_tokens_ahead']} of {len(cmp['seeds'])} seeds", ""]
     return lines
 
 

@@ -429,6 +429,31 @@ def test_train_bench_gives_no_ratio_where_grpo_did_not_gain():
     assert "target <= 0.6: n/a, grpo's mean curve ended no higher than it started" in text and "met" not in text
 
 
+def test_train_bench_reads_trace_and_grpo_at_equal_tokens():
+    """The report's accuracy at equal tokens: trace's curve at its own last tokens against
+    grpo's read between its evaluations there, seed by seed, mean ± 95% t-interval."""
+    import numpy as np
+
+    tb = _benchmark_module("train_bench")
+    st = _benchmark_module("seed_stats")
+
+    def run(acc, tokens):
+        return {"acc": np.array(acc), "trajectories": np.array([0.0, 64.0, 128.0]), "tokens": np.array(tokens),
+                "effective_ratio": np.array([0.5]), "effective_sample_ratio": np.array([0.5]), "prompts": np.array([8.0]),
+                "root_auc": np.array([])}
+
+    grpo = run([0.4, 0.5, 0.6], [0.0, 1000.0, 2000.0])
+    # trace ends at 1500 tokens: 0.58 against grpo's 0.55 there
+    assert tb.accuracy_over_grpo_at_equal_tokens(run([0.4, 0.5, 0.58], [0.0, 750.0, 1500.0]), grpo) == pytest.approx(0.03)
+    traces = [run([0.4, 0.5, 0.58], [0.0, 750.0, 1500.0]), run([0.4, 0.45, 0.5], [0.0, 750.0, 1500.0])]
+    cmp = tb.compare({"trace": traces, "grpo": [grpo, grpo]})
+    assert [s["equal_tokens_diff"] for s in cmp["seeds"]] == pytest.approx([0.03, -0.05])
+    mean, half = st.interval([0.03, -0.05])
+    assert (cmp["mean"]["equal_tokens_diff"], cmp["mean"]["equal_tokens_half_width"]) == pytest.approx((mean, half))
+    text = "\n".join(tb.report("q", cmp, 1.0))
+    assert f"held-out accuracy at equal tokens" in text and f"{mean:+.3f} ± {half:.3f} (95% t over seeds), trace ahead on 1 of 2 seeds" in text
+
+
 def test_train_bench_pairs_final_accuracy_by_seed():
     """The quick preset's summary pairs every row's final held-out accuracy with grpo's on the
     same seed and, with variants, with the default trace's: the README's paired columns."""
