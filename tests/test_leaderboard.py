@@ -538,7 +538,7 @@ def test_a_baseline_that_ended_no_higher_than_it_started_gives_no_tokens_to_its_
     assert trace.tokens_to_baseline[1] == pytest.approx(tokens_to_reach(by["trace", 1].evals, target) / by["grpo", 1].spent.tokens)
     head, (cells,) = paired_table(group, "grpo")
     cell = cells[head.index("tokens to grpo's final acc. (x grpo's tokens; by seed)")]
-    assert cell.startswith("reached on ") and ", 1 n/a (n/a / " in cell and "0.00" not in cell
+    assert cell.startswith("reached on ") and ", 1 n/a (seed 0: n/a; seed 1: " in cell and "0.00" not in cell
 
     # a row that stops before reaching the target is censored at its own spend: the figure is
     # above its token multiple, which is what decides a target such as "<= 0.6 x"
@@ -553,7 +553,10 @@ def test_a_baseline_that_ended_no_higher_than_it_started_gives_no_tokens_to_its_
     assert trace.tokens_to_baseline[1] == float("inf")
     head, (cells,) = paired_table(group, "grpo")
     cell = cells[head.index("tokens to grpo's final acc. (x grpo's tokens; by seed)")]
-    assert cell.endswith(f" / not by {trace.token_ratio[1]:.2f})") and "never" not in cell
+    # where reached and censored seeds mix, each figure is named by its seed: "0.77 / not by
+    # 0.89" read the other way round would be "not by 0.89 / 0.77", two censored seeds to the eye
+    assert cell == (f"reached on 1 of 2 seeds (seed 0: {trace.tokens_to_baseline[0]:.2f}; "
+                    f"seed 1: not by {trace.token_ratio[1]:.2f})") and "never" not in cell
     assert "not by x: the row did not reach it within its own tokens" in render_markdown([group], against="grpo")
 
 

@@ -312,13 +312,17 @@ def _mean_pm(values: Sequence[float], digits: int, signed: bool = False) -> str:
     return f"{m:{sign}.{digits}f}" + ("" if math.isnan(h) else f" ± {h:.{digits}f}")
 
 
-def _reach_cell(values: Sequence[float], spent: Sequence[float]) -> str:
+def _reach_cell(values: Sequence[float], spent: Sequence[float], seeds: Sequence[int]) -> str:
     # a run that stopped before reaching the target is censored at its own spend, not
     # "never": the figure is above that spend, which decides a target below it
     defined = [v for v in values if not math.isnan(v)]
     reached = [v for v in defined if not math.isinf(v)]
-    per_seed = " / ".join("n/a" if math.isnan(v) else f"not by {x:.2f}" if math.isinf(v) else f"{v:.2f}"
-                          for v, x in zip(values, spent))
+    texts = ["n/a" if math.isnan(v) else f"not by {x:.2f}" if math.isinf(v) else f"{v:.2f}" for v, x in zip(values, spent)]
+    if 0 < len(reached) < len(values):
+        # "not by 0.76 / 0.72" would read as two censored seeds: name each seed where they mix
+        per_seed = "; ".join(f"seed {seed}: {text}" for seed, text in zip(seeds, texts))
+    else:
+        per_seed = " / ".join(texts)
     if len(values) == 1 or not defined:
         return per_seed
     if len(reached) == len(values):
@@ -356,7 +360,7 @@ def paired_table(group: Group, against: str) -> tuple[list[str], list[list[str]]
         if p.equal_tokens_diff is not None:
             row.append(_equal_tokens_cell(p.equal_tokens_diff, p.equal_tokens_noise) if p.equal_tokens_diff else "-")
         if p.tokens_to_baseline is not None:
-            row.append(_reach_cell(p.tokens_to_baseline, p.token_ratio) if p.tokens_to_baseline else "-")
+            row.append(_reach_cell(p.tokens_to_baseline, p.token_ratio, p.seeds) if p.tokens_to_baseline else "-")
         cells.append(row)
     return header, cells
 
