@@ -5,7 +5,8 @@ seeds at one budget, policy and step count. ``trace-gym leaderboard run quick`` 
 writes ``results/RUN/records.jsonl`` (one sealed :class:`Record` per run), ``leaderboard.md``,
 a self-contained ``leaderboard.html`` and PNG plots; ``show`` and ``merge`` combine runs from
 several machines and refuse bad records, unequal budgets and training rows of one seed
-evaluated on different held-out sets; ``compare`` tells which rows of
+evaluated on different held-out sets (``show --steps N`` reads longer runs as their first N
+steps: :func:`~trace_gym.leaderboard.cut.first_steps`); ``compare`` tells which rows of
 two runs generated the same (:func:`compare_runs`, by each step's generation fingerprint).
 
 From Python::
