@@ -141,11 +141,12 @@ def ratio_to_grpo_final(tc: dict[str, np.ndarray], gc: dict[str, np.ndarray], ke
     return ratio_to_baseline_final(tc[key], tc["acc"], gc["acc"], float(gc[key][-1]))
 
 
-def accuracy_over_grpo_at_equal_tokens(tc: dict[str, np.ndarray], gc: dict[str, np.ndarray]) -> float:
-    """Held-out accuracy of curve ``tc`` minus grpo's curve ``gc`` at the fewer of the two
-    runs' last-evaluated tokens, each linear between its evaluations (the leaderboard's
+def accuracy_over_grpo_at_equal_tokens(tc: dict[str, np.ndarray], gc: dict[str, np.ndarray], point: int = -1) -> float:
+    """Held-out accuracy of curve ``tc`` minus grpo's curve ``gc`` at the fewer of ``tc``'s
+    tokens at its evaluation ``point`` (default: its last) and grpo's last-evaluated tokens,
+    each curve linear between its evaluations (the leaderboard's
     :func:`~trace_gym.leaderboard.paired.curve_at`)."""
-    at = float(min(tc["tokens"][-1], gc["tokens"][-1]))
+    at = float(min(tc["tokens"][point], gc["tokens"][-1]))
     return curve_at(tc["tokens"], tc["acc"], at) - curve_at(gc["tokens"], gc["acc"], at)
 
 
@@ -187,6 +188,10 @@ def compare(curves: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Any]:
             "grpo_effective_sample_ratio": float(gc["effective_sample_ratio"].mean()),
             "trace_tokens": int(tc["tokens"][-1]), "grpo_tokens": int(gc["tokens"][-1]),
             "equal_tokens_diff": accuracy_over_grpo_at_equal_tokens(tc, gc),
+            # each later evaluation of trace against grpo's curve at its tokens: where the
+            # curves flatten together the final figure alone says nothing of the way there
+            "along_grpo_curve": [accuracy_over_grpo_at_equal_tokens(tc, gc, i) for i in range(1, len(tc["acc"]))],
+            "eval_steps": [int(x) for x in tc.get("step", range(len(tc["acc"])))[1:]],
         })
     ratios = ("trajectory_ratio", "token_ratio")
     mean = {k: float(np.mean([s[k] for s in out["seeds"]])) for k in out["seeds"][0] if k not in ratios}
@@ -201,6 +206,10 @@ def compare(curves: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Any]:
     diffs = [s["equal_tokens_diff"] for s in out["seeds"]]
     mean["equal_tokens_diff"], mean["equal_tokens_half_width"] = t_interval(diffs)
     mean["equal_tokens_ahead"] = sum(d > 0 for d in diffs)
+    along = [s["along_grpo_curve"] for s in out["seeds"]]
+    if len({len(a) for a in along}) == 1 and len({tuple(s["eval_steps"]) for s in out["seeds"]}) == 1:
+        mean["along_grpo_curve"] = [[*t_interval(col), sum(d > 0 for d in col)] for col in zip(*along)]
+        mean["eval_steps"] = out["seeds"][0]["eval_steps"]
     out["mean"] = mean
     return out
 
@@ -294,8 +303,12 @@ def report(name: str, cmp: dict[str, Any], seconds: float) -> list[str]:
               f"held-out accuracy at equal tokens (trace's minus grpo's at the fewer of the two runs' last-evaluated tokens, "
               f"both linear between evaluations): {m['equal_tokens_diff']:+.3f}"
               + ("" if math.isnan(m["equal_tokens_half_width"]) else f" ± {m['equal_tokens_half_width']:.3f} (95% t over seeds)")
-              + f", trace ahead on {m['equal_tokens_ahead']} of {len(cmp['seeds'])} seeds", ""]
-    return lines
+              + f", trace ahead on {m['equal_tokens_ahead']} of {len(cmp['seeds'])} seeds"]
+    if m.get("along_grpo_curve"):
+        lines.append("trace after each evaluated step minus grpo's curve at the same tokens (95% t over seeds; seeds ahead): "
+                     + ", ".join(f"step {st} {d:+.3f}" + ("" if math.isnan(h) else f" ± {h:.3f}") + f" ({a})"
+                                 for st, (d, h, a) in zip(m["eval_steps"], m["along_grpo_curve"])))
+    return lines + [""]
 
 
 CL_VARIANTS = {

@@ -452,6 +452,10 @@ def test_train_bench_reads_trace_and_grpo_at_equal_tokens():
     assert (cmp["mean"]["equal_tokens_diff"], cmp["mean"]["equal_tokens_half_width"]) == pytest.approx((mean, half))
     text = "\n".join(tb.report("q", cmp, 1.0))
     assert f"held-out accuracy at equal tokens" in text and f"{mean:+.3f} ± {half:.3f} (95% t over seeds), trace ahead on 1 of 2 seeds" in text
+    # and on the way: trace's step 1 (750 tokens) against grpo's 0.4 + 0.75 * 0.1 there
+    assert [x for s in cmp["seeds"] for x in s["along_grpo_curve"]] == pytest.approx([0.025, 0.03, -0.025, -0.05])
+    mid, mid_half = st.interval([0.025, -0.025])
+    assert f"step 1 {mid:+.3f} ± {mid_half:.3f} (1), step 2 {mean:+.3f} ± {half:.3f} (1)" in text
 
 
 def test_train_bench_pairs_final_accuracy_by_seed():
