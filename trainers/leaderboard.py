@@ -9,7 +9,7 @@ from typing import Any
 
 from trace_gym.leaderboard.records import EvalPoint
 from trace_gym.leaderboard.runner import (
-    TRAINING_FINAL, RunResult, failed_share, mean_metrics, register_preflight, register_source, register_training_runner, row_spec,
+    RunResult, failed_share, register_preflight, register_source, register_training_runner, row_spec, training_final,
 )
 from trace_gym.leaderboard.sources import resolve_config_path
 from trace_gym.leaderboard.spec import AllocatorEntry, EnvEntry, SuiteError, TrackSpec
@@ -289,7 +289,6 @@ def model_training(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
         shutil.rmtree(out, ignore_errors=True)
     if not evals or evals[-1].step != track.steps:
         raise RuntimeError(f"the trainer reported no held-out accuracy for {env.id} after step {track.steps}")
-    final = mean_metrics(steps, TRAINING_FINAL)
-    final.update(accuracy=evals[-1].accuracy, pass_at_k=evals[-1].pass_at_k, accuracy_gain=evals[-1].accuracy - evals[0].accuracy,
-                 failed_share=failed_share(steps))
+    final = training_final(steps, evals)
+    final["failed_share"] = failed_share(steps)
     return RunResult(steps=steps, evals=evals, final=final, wall_s=time.perf_counter() - t0)

@@ -10,9 +10,10 @@ steps before), so its records of those steps are what an 8-step run of the same 
   steps; ``wall_s`` is not recorded by step, so it is the run's prorated by tokens);
 * the evaluations after the kept steps; a training record must have been evaluated after
   step N itself, as an N-step run is after its last step;
-* ``final``: the metrics that are means over steps (:data:`~trace_gym.leaderboard.runner.ALLOCATION_FINAL`,
-  :data:`~trace_gym.leaderboard.runner.TRAINING_FINAL`) and the failed share, again over the
-  kept steps; the held-out accuracy, pass@k and accuracy gain from the last kept evaluation.
+* ``final``: the metrics that are means over steps (:data:`~trace_gym.leaderboard.runner.ALLOCATION_FINAL`;
+  training: :func:`~trace_gym.leaderboard.runner.training_final`, which also reads the held-out
+  accuracy, pass@k and accuracy gain from the last kept evaluation) and the failed share, again
+  over the kept steps.
   Any other final metric (the shared calibration set's AUCs, scored on the predictor as the
   whole run left it) cannot be had for step N and reads None;
 * the digest, sealed anew. Everything else (run, config hash, host, commit) is the longer
@@ -29,7 +30,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from trace_gym.leaderboard.records import LoadedRecord, Record, make_record
-from trace_gym.leaderboard.runner import ALLOCATION_FINAL, TRAINING_FINAL, failed_share, mean_metrics
+from trace_gym.leaderboard.runner import ALLOCATION_FINAL, failed_share, mean_metrics, training_final
+
 
 class CutError(ValueError):
     """A record that cannot be cut to the steps asked for: it ran fewer, or (training) it was
@@ -57,14 +59,13 @@ def first_steps(record: Record, steps: int) -> Record:
     tokens = sum(s.tokens for s in kept)
     trajectories = sum(s.trajectories for s in kept)
     wall = record.spent.wall_s * tokens / record.spent.tokens if record.spent.tokens else 0.0
-    averaged = set(ALLOCATION_FINAL if record.kind == "allocation" else TRAINING_FINAL)
     final: dict[str, float | None] = {name: None for name in record.final}
-    final.update(mean_metrics(kept, [name for name in record.final if name in averaged]))
+    if record.kind == "training":
+        final.update(training_final(kept, evals))
+    else:
+        final.update(mean_metrics(kept, [name for name in record.final if name in ALLOCATION_FINAL]))
     if "failed_share" in record.final:
         final["failed_share"] = failed_share(kept)
-    if record.kind == "training":
-        last, first = evals[-1], evals[0]
-        final.update(accuracy=last.accuracy, pass_at_k=last.pass_at_k, accuracy_gain=last.accuracy - first.accuracy)
     fields = record.model_dump(by_alias=False, exclude={"schema_", "digest"})
     fields.update(budget={**fields["budget"], "steps": steps}, steps=[s.model_dump() for s in kept],
                   evals=[e.model_dump() for e in evals], final=final,

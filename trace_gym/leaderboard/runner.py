@@ -314,6 +314,15 @@ def eval_steps(track: TrackSpec) -> list[int]:
 TRAINING_FINAL = ("effective_ratio", "effective_sample_ratio", "effective_token_ratio", "reward_mean")
 
 
+def training_final(steps: Sequence[StepRecord], evals: Sequence[EvalPoint]) -> dict[str, float | None]:
+    """A training run's final metrics: the means over its steps of :data:`TRAINING_FINAL`,
+    and from its evaluations (in step order, at least one) the last one's held-out accuracy
+    and pass@k and the accuracy gained since the first."""
+    final = mean_metrics(steps, TRAINING_FINAL)
+    final.update(accuracy=evals[-1].accuracy, pass_at_k=evals[-1].pass_at_k, accuracy_gain=evals[-1].accuracy - evals[0].accuracy)
+    return final
+
+
 # ----------------------------------------------------------------------------- the suite
 
 
@@ -555,7 +564,7 @@ def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, res
 __all__ = [
     "ALLOCATION_FINAL", "EARLIER_FILE", "OWN_NODE_CALIBRATION", "RolloutSource", "SHARED_CALIBRATION", "SuiteRecords",
     "allocation_step", "calibration_metrics", "failed_share", "move_aside", "register_shared_evaluation", "shared_calibration",
-    "read_record_file", "sort_records", "row_spec", "step_record", "RunPlan", "RunResult", "TRAINING_FINAL", "eval_steps",
+    "read_record_file", "sort_records", "row_spec", "step_record", "RunPlan", "RunResult", "TRAINING_FINAL", "eval_steps", "training_final",
     "mean_metrics", "preflight", "make_source", "plan_suite",
     "register_source", "register_training_runner", "resolve_advantage", "resolve_predictor", "row_config", "run_allocation", "run_suite", "run_training",
 

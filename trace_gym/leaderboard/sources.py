@@ -27,8 +27,8 @@ import yaml
 
 from trace_gym.leaderboard.records import EvalPoint
 from trace_gym.leaderboard.runner import (
-    TRAINING_FINAL, RunResult, allocation_step, calibration_metrics, eval_steps, mean_metrics, register_preflight,
-    register_shared_evaluation, register_source, register_training_runner, step_record,
+    RunResult, allocation_step, calibration_metrics, eval_steps, register_preflight,
+    register_shared_evaluation, register_source, register_training_runner, step_record, training_final,
 )
 from trace_gym.leaderboard.spec import AllocatorEntry, EnvEntry, SuiteError, TrackSpec
 
@@ -130,9 +130,7 @@ def contrastlab_training(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry,
             evaluate(i + 1)
         if on_step:
             on_step(i)
-    final = mean_metrics(steps, TRAINING_FINAL)
-    final.update(accuracy=evals[-1].accuracy, pass_at_k=evals[-1].pass_at_k, accuracy_gain=evals[-1].accuracy - evals[0].accuracy)
-    return RunResult(steps=steps, evals=evals, final=final, wall_s=time.perf_counter() - t0)
+    return RunResult(steps=steps, evals=evals, final=training_final(steps, evals), wall_s=time.perf_counter() - t0)
 
 
 @register_preflight
