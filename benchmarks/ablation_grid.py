@@ -75,7 +75,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 from seed_stats import fmt, interval, paired_table  # this script's own folder: run as a script, it is on sys.path
-from trace_gym.leaderboard.paired import curve_at, ratio_to_baseline_final
+from trace_gym.leaderboard.paired import difference_at_equal_spend, ratio_to_baseline_final
 from trace_gym.sim.difficulty import DEFAULT_DIFFICULTY
 
 STAGE1 = ("uniform", "paper", "posterior")
@@ -166,13 +166,10 @@ def ratio_to_grpo(curve: list[dict[str, Any]], grpo_curve: list[dict[str, Any]],
 def accuracy_over_grpo_at_equal_tokens(curve: list[dict[str, Any]], grpo_curve: list[dict[str, Any]]) -> float:
     """Held-out accuracy of ``curve`` minus ``grpo_curve``'s at the fewer of the two runs'
     tokens, both linear between steps (the package's
-    :func:`~trace_gym.leaderboard.paired.curve_at`, as the leaderboard's paired tables read it)."""
-    at = min(curve[-1]["tokens"], grpo_curve[-1]["tokens"])
-
-    def read(c: list[dict[str, Any]]) -> float:
-        return curve_at([p["tokens"] for p in c], [p["test_success"] for p in c], at)
-
-    return read(curve) - read(grpo_curve)
+    :func:`~trace_gym.leaderboard.paired.difference_at_equal_spend`, as the leaderboard's paired
+    tables read it)."""
+    return difference_at_equal_spend([p["tokens"] for p in curve], [p["test_success"] for p in curve],
+                                     [p["tokens"] for p in grpo_curve], [p["test_success"] for p in grpo_curve])
 
 
 def run_part(args: argparse.Namespace, learn: float, rows: list[dict[str, Any]], advantages: tuple[str | None, ...]) -> dict:

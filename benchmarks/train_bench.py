@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 from seed_stats import paired_table  # this script's own folder: run as a script, it is on sys.path
-from trace_gym.leaderboard.paired import curve_at, ratio_to_baseline_final, t_interval
+from trace_gym.leaderboard.paired import difference_at_equal_spend, ratio_to_baseline_final, t_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 ACC = "eval/{env}/mean@k"
@@ -141,13 +141,12 @@ def ratio_to_grpo_final(tc: dict[str, np.ndarray], gc: dict[str, np.ndarray], ke
     return ratio_to_baseline_final(tc[key], tc["acc"], gc["acc"], float(gc[key][-1]))
 
 
-def accuracy_over_grpo_at_equal_tokens(tc: dict[str, np.ndarray], gc: dict[str, np.ndarray], point: int = -1) -> float:
-    """Held-out accuracy of curve ``tc`` minus grpo's curve ``gc`` at the fewer of ``tc``'s
-    tokens at its evaluation ``point`` (default: its last) and grpo's last-evaluated tokens,
-    each curve linear between its evaluations (the leaderboard's
-    :func:`~trace_gym.leaderboard.paired.curve_at`)."""
-    at = float(min(tc["tokens"][point], gc["tokens"][-1]))
-    return curve_at(tc["tokens"], tc["acc"], at) - curve_at(gc["tokens"], gc["acc"], at)
+def accuracy_over_grpo_at_equal_tokens(tc: dict[str, np.ndarray], gc: dict[str, np.ndarray], evaluations: int | None = None) -> float:
+    """Held-out accuracy of curve ``tc`` after its first ``evaluations`` evaluations (default:
+    all) minus grpo's curve ``gc``, at the fewer of the two's last tokens, each curve linear
+    between its evaluations (the leaderboard's
+    :func:`~trace_gym.leaderboard.paired.difference_at_equal_spend`)."""
+    return difference_at_equal_spend(tc["tokens"][:evaluations], tc["acc"][:evaluations], gc["tokens"], gc["acc"])
 
 
 def mean_curve_ratio(tcs: list[dict[str, np.ndarray]], gcs: list[dict[str, np.ndarray]], key: str) -> float:
@@ -190,7 +189,7 @@ def compare(curves: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Any]:
             "equal_tokens_diff": accuracy_over_grpo_at_equal_tokens(tc, gc),
             # each later evaluation of trace against grpo's curve at its tokens: where the
             # curves flatten together the final figure alone says nothing of the way there
-            "along_grpo_curve": [accuracy_over_grpo_at_equal_tokens(tc, gc, i) for i in range(1, len(tc["acc"]))],
+            "along_grpo_curve": [accuracy_over_grpo_at_equal_tokens(tc, gc, i + 1) for i in range(1, len(tc["acc"]))],
             "eval_steps": [int(x) for x in tc.get("step", range(len(tc["acc"])))[1:]],
         })
     ratios = ("trajectory_ratio", "token_ratio")

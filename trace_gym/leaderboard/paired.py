@@ -116,6 +116,14 @@ def curve_at(spent: Sequence[float], accuracy: Sequence[float], at: float) -> fl
     return float(accuracy[j]) if i == j else (1 - w) * accuracy[i] + w * accuracy[j]
 
 
+def difference_at_equal_spend(spent: Sequence[float], accuracy: Sequence[float], base_spent: Sequence[float],
+                               base_accuracy: Sequence[float]) -> float:
+    """A curve's accuracy minus a baseline curve's at the fewer of the two curves' last spend,
+    both read by :func:`curve_at` (points in order of spend)."""
+    at = min(spent[-1], base_spent[-1])
+    return curve_at(spent, accuracy, at) - curve_at(base_spent, base_accuracy, at)
+
+
 def accuracy_at(evals: Sequence[EvalPoint], tokens: float) -> tuple[float, list[float] | None]:
     """Held-out accuracy of ``evals`` (in step order) at ``tokens`` generated tokens
     (:func:`curve_at`), with the per-task scores mixed by the same weights (None where either
@@ -365,4 +373,4 @@ def paired_table(group: Group, against: str) -> tuple[list[str], list[list[str]]
     return header, cells
 
 
-__all__ = ["EQUAL_TOKENS", "EQUAL_TOKENS_LEGEND", "EVAL_NOISE", "EVAL_NOISE_LEGEND", "PAIRED_LEGEND", "PairedRow", "accuracy_at", "curve_at", "eval_noise", "paired", "paired_table", "ratio_to_baseline_final", "t_interval", "tokens_to_baseline_final", "tokens_to_reach"]
+__all__ = ["EQUAL_TOKENS", "EQUAL_TOKENS_LEGEND", "EVAL_NOISE", "EVAL_NOISE_LEGEND", "PAIRED_LEGEND", "PairedRow", "accuracy_at", "curve_at", "difference_at_equal_spend", "eval_noise", "paired", "paired_table", "ratio_to_baseline_final", "t_interval", "tokens_to_baseline_final", "tokens_to_reach"]
