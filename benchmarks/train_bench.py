@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 from seed_stats import paired_table  # this script's own folder: run as a script, it is on sys.path
-from trace_gym.leaderboard.paired import difference_at_equal_spend, ratio_to_baseline_final, t_interval
+from trace_gym.leaderboard.paired import along_baseline, difference_at_equal_spend, ratio_to_baseline_final, t_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 ACC = "eval/{env}/mean@k"
@@ -141,12 +141,11 @@ def ratio_to_grpo_final(tc: dict[str, np.ndarray], gc: dict[str, np.ndarray], ke
     return ratio_to_baseline_final(tc[key], tc["acc"], gc["acc"], float(gc[key][-1]))
 
 
-def accuracy_over_grpo_at_equal_tokens(tc: dict[str, np.ndarray], gc: dict[str, np.ndarray], evaluations: int | None = None) -> float:
-    """Held-out accuracy of curve ``tc`` after its first ``evaluations`` evaluations (default:
-    all) minus grpo's curve ``gc``, at the fewer of the two's last tokens, each curve linear
-    between its evaluations (the leaderboard's
+def accuracy_over_grpo_at_equal_tokens(tc: dict[str, np.ndarray], gc: dict[str, np.ndarray]) -> float:
+    """Held-out accuracy of curve ``tc`` minus grpo's curve ``gc``, at the fewer of the two's
+    last tokens, each curve linear between its evaluations (the leaderboard's
     :func:`~trace_gym.leaderboard.paired.difference_at_equal_spend`)."""
-    return difference_at_equal_spend(tc["tokens"][:evaluations], tc["acc"][:evaluations], gc["tokens"], gc["acc"])
+    return difference_at_equal_spend(tc["tokens"], tc["acc"], gc["tokens"], gc["acc"])
 
 
 def mean_curve_ratio(tcs: list[dict[str, np.ndarray]], gcs: list[dict[str, np.ndarray]], key: str) -> float:
@@ -189,7 +188,7 @@ def compare(curves: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Any]:
             "equal_tokens_diff": accuracy_over_grpo_at_equal_tokens(tc, gc),
             # each later evaluation of trace against grpo's curve at its tokens: where the
             # curves flatten together the final figure alone says nothing of the way there
-            "along_grpo_curve": [accuracy_over_grpo_at_equal_tokens(tc, gc, i + 1) for i in range(1, len(tc["acc"]))],
+            "along_grpo_curve": along_baseline(tc["tokens"], tc["acc"], gc["tokens"], gc["acc"])[1:],
             "eval_steps": [int(x) for x in tc.get("step", range(len(tc["acc"])))[1:]],
         })
     ratios = ("trajectory_ratio", "token_ratio")
@@ -207,7 +206,10 @@ def compare(curves: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Any]:
     mean["equal_tokens_ahead"] = sum(d > 0 for d in diffs)
     along = [s["along_grpo_curve"] for s in out["seeds"]]
     if len({len(a) for a in along}) == 1 and len({tuple(s["eval_steps"]) for s in out["seeds"]}) == 1:
-        mean["along_grpo_curve"] = [[*t_interval(col), sum(d > 0 for d in col)] for col in zip(*along)]
+        # NaN: trace had spent more than grpo's last-evaluated tokens there
+        defined = [[d for d in col if not math.isnan(d)] for col in zip(*along)]
+        mean["along_grpo_curve"] = [[*t_interval(col), sum(d > 0 for d in col)] if col else [math.nan, math.nan, 0]
+                                    for col in defined]
         mean["eval_steps"] = out["seeds"][0]["eval_steps"]
     out["mean"] = mean
     return out
@@ -305,7 +307,8 @@ def report(name: str, cmp: dict[str, Any], seconds: float) -> list[str]:
               + f", trace ahead on {m['equal_tokens_ahead']} of {len(cmp['seeds'])} seeds"]
     if m.get("along_grpo_curve"):
         lines.append("trace after each evaluated step minus grpo's curve at the same tokens (95% t over seeds; seeds ahead): "
-                     + ", ".join(f"step {st} {d:+.3f}" + ("" if math.isnan(h) else f" ± {h:.3f}") + f" ({a})"
+                     + ", ".join(f"step {st} n/a (beyond grpo's tokens)" if math.isnan(d) else
+                                 f"step {st} {d:+.3f}" + ("" if math.isnan(h) else f" ± {h:.3f}") + f" ({a})"
                                  for st, (d, h, a) in zip(m["eval_steps"], m["along_grpo_curve"])))
     return lines + [""]
 

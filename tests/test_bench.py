@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -456,6 +457,11 @@ def test_train_bench_reads_trace_and_grpo_at_equal_tokens():
     assert [x for s in cmp["seeds"] for x in s["along_grpo_curve"]] == pytest.approx([0.025, 0.03, -0.025, -0.05])
     mid, mid_half = st.interval([0.025, -0.025])
     assert f"step 1 {mid:+.3f} ± {mid_half:.3f} (1), step 2 {mean:+.3f} ± {half:.3f} (1)" in text
+    # a trace run that spent more than grpo is not read past grpo's last-evaluated tokens
+    spender = tb.compare({"trace": [run([0.4, 0.5, 0.7], [0.0, 1500.0, 2500.0])], "grpo": [grpo]})
+    (along,) = [s["along_grpo_curve"] for s in spender["seeds"]]
+    assert along[0] == pytest.approx(-0.05) and math.isnan(along[1])
+    assert "step 1 -0.050 (0), step 2 n/a (beyond grpo's tokens)" in "\n".join(tb.report("q", spender, 1.0))
 
 
 def test_train_bench_pairs_final_accuracy_by_seed():

@@ -428,6 +428,46 @@ def test_show_against_a_row_pairs_the_rows_by_seed(runs, tmp_path, capsys):
         assert ratio == pytest.approx(tokens_to_reach(tr["trace", seed].evals, target) / tr["grpo", seed].spent.tokens)
 
 
+def test_against_a_row_along_the_run_reads_each_evaluation_against_the_baselines_curve(runs, capsys):
+    """Two rows can end level where both curves flatten, one having been ahead on the way;
+    under the paired table, each training row after each of its evaluations minus the
+    baseline's curve at the tokens the row had spent by then, seed by seed."""
+    from trace_gym.leaderboard.paired import ALONG_LEGEND, along_baseline, along_table, paired
+
+    # the baseline read linear between its evaluations; beyond its last-evaluated tokens, nothing
+    gaps = along_baseline([0, 1000, 3000], [0.2, 0.5, 0.8], [0, 2000], [0.2, 0.6])
+    assert gaps[:2] == pytest.approx([0.0, 0.1]) and np.isnan(gaps[2])
+    with pytest.raises(ValueError, match="3 spend values for 2 accuracies"):
+        along_baseline([0, 1, 2], [0.1, 0.2], [0, 1], [0.1, 0.2])
+
+    (group,) = [g for g in rank(load_records([runs["a"]])) if g.kind == "training"]
+    by = {(lr.record.allocator, lr.record.seed): lr.record for row in group.rows for lr in row.records}
+    rows = {p.allocator: p for p in paired(group, "grpo")}
+    trace = rows["trace"]
+    assert trace.seeds == [0, 1] and sorted(trace.along) == [2, 4]  # evaluated after steps 0, 2, 4; step 0 spent nothing
+    for i, seed in enumerate(trace.seeds):
+        r, b = by["trace", seed], by["grpo", seed]
+        for e in r.evals[1:]:
+            want = e.accuracy - float(np.interp(e.tokens, [x.tokens for x in b.evals], [x.accuracy for x in b.evals]))
+            assert trace.along[e.step][i] == pytest.approx(want) if e.tokens <= b.evals[-1].tokens else np.isnan(trace.along[e.step][i])
+        if r.evals[-1].tokens <= b.evals[-1].tokens:  # the thriftier row's last column is the paired table's figure
+            assert trace.along[4][i] == pytest.approx(trace.equal_tokens_diff[i])
+    head, body = along_table(group, "grpo")
+    assert head == ["allocator", "seeds", "after step 2", "after step 4"] and len(body) == len(group.rows) - 1
+    cells = dict((row[0], row[2:]) for row in body)["trace"]
+    for cell, step in zip(cells, (2, 4)):
+        values = [v for v in trace.along[step] if not np.isnan(v)]
+        assert cell.startswith(f"{np.mean(values):+.3f}") and f"({sum(v > 0 for v in values)} of {len(values)})" in cell
+
+    assert run_cli("show", runs["a"], "--against", "grpo") == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "against grpo along the run" in out and "after step 2" in out
+    assert " ".join(ALONG_LEGEND.format(row="grpo").split()[:12]) in out
+    # allocation groups have no evaluations to read along the run
+    (alloc,) = [g for g in rank(load_records([runs["a"]])) if g.kind == "allocation"]
+    assert along_table(alloc, "grpo")[1] == []
+
+
 def test_tokens_to_reach_interpolates_between_evaluations():
     from trace_gym.leaderboard.paired import first_reach, t_interval, tokens_to_reach
     from trace_gym.leaderboard.records import EvalPoint
@@ -790,6 +830,15 @@ def test_the_first_steps_of_a_longer_run_rank_beside_a_shorter_run(runs, tmp_pat
     assert "was not evaluated after step 3 (evaluated after steps 0, 2, 4)" in err and "records.jsonl:" in err
     assert run_cli("show", runs["a"], "--steps", 0) == 2
     assert "at least one" in capsys.readouterr().err
+    # merge writes the cut records, which load as records of the shorter run
+    assert run_cli("merge", grpo_short, long_rest, "--steps", 2, "--against", "grpo", "--out", tmp_path / "merged") == 0
+    assert "read as their runs' first 2 steps" in " ".join(capsys.readouterr().out.split())
+    merged = {(r.kind, r.allocator): r for r in (lr.record for lr in load_records([tmp_path / "merged"]))}
+    assert {k: (r.budget, r.evals, r.spent.tokens) for k, r in merged.items()} == \
+        {k: (r.budget, r.evals, r.spent.tokens) for k, r in short.items()}
+    assert "read as their runs' first 2 steps" in (tmp_path / "merged" / "leaderboard.md").read_text()
+    assert run_cli("merge", runs["a"], "--steps", 3, "--out", tmp_path / "not-written") == 2
+    assert not (tmp_path / "not-written").exists()
 
 
 def test_compare_finds_the_step_where_two_runs_of_a_row_part(runs, tmp_path, capsys):

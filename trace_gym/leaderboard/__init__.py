@@ -6,7 +6,9 @@ writes ``results/RUN/records.jsonl`` (one sealed :class:`Record` per run), ``lea
 a self-contained ``leaderboard.html`` and PNG plots; ``show`` and ``merge`` combine runs from
 several machines and refuse bad records, unequal budgets and training rows of one seed
 evaluated on different held-out sets (``show --steps N`` reads longer runs as their first N
-steps: :func:`~trace_gym.leaderboard.cut.first_steps`); ``compare`` tells which rows of
+steps, ``merge --steps N`` writes them so: :func:`~trace_gym.leaderboard.cut.first_steps`;
+``--against ROW`` pairs every row with ROW by seed, at the end and, for training, after each
+evaluation: :mod:`~trace_gym.leaderboard.paired`); ``compare`` tells which rows of
 two runs generated the same (:func:`compare_runs`, by each step's generation fingerprint).
 
 From Python::

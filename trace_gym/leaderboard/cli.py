@@ -200,10 +200,15 @@ def _first_steps(records, steps: int):
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    """``leaderboard merge RUN... --out DIR``: one records.jsonl and leaderboard from several runs."""
+    """``leaderboard merge RUN... --out DIR``: one records.jsonl and leaderboard from several
+    runs; ``--steps N`` writes every record cut to its run's first N steps."""
     out = Path(args.out)
+    notes = []
     try:
         records = load_records(args.runs)
+        if args.steps is not None:
+            records, note = _first_steps(records, args.steps)
+            notes += [note] if note else []
         _check_against(records, args.against)
         rank(records)  # refuse before writing anything
     except (RecordError, UnequalBudget) as exc:
@@ -211,7 +216,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         return 1
     out.mkdir(parents=True, exist_ok=True)
     write_records(out / "records.jsonl", [lr.record for lr in records])
-    return _render(records, out, title=args.title, against=args.against)
+    return _render(records, out, title=args.title, notes=notes, against=args.against)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -279,6 +284,12 @@ _AGAINST_HELP = ("under each table, every row against ROW (e.g. grpo), paired by
                  "scores)")
 
 
+_STEPS_HELP = ("read every run as its first N steps, so that a longer run ranks beside a run of N steps at the same "
+               "budget (a training run must have been evaluated after step N; final metrics measured after the whole "
+               "run, such as the shared calibration AUCs, read as missing; a trainer whose learning rate follows a "
+               "cosine schedule over its steps took those N at other rates than an N-step run)")
+
+
 def configure_leaderboard(parser: argparse.ArgumentParser) -> None:
     """Add the ``run``, ``show``, ``merge``, ``compare`` and ``suites`` subcommands to ``parser``."""
     sub = parser.add_subparsers(dest="leaderboard_command", metavar="ACTION", required=True)
@@ -304,12 +315,7 @@ def configure_leaderboard(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--allocators", metavar="A,B", help="show only these rows (e.g. the rows that ran on every seed); a comma "
                                                        "inside a row's parentheses belongs to its name")
     p.add_argument("--seeds", metavar="S,T", help="show only the records of these seeds (e.g. the seeds every row ran)")
-    p.add_argument("--steps", metavar="N", type=int,
-                   help="read every run as its first N steps, so that a longer run ranks beside a run of N steps at "
-                        "the same budget (a training run must have been evaluated after step N; final metrics measured "
-                        "after the whole run, such as the shared calibration AUCs, read as missing; a trainer whose "
-                        "learning rate follows a cosine schedule over its steps took those N at other rates than an "
-                        "N-step run)")
+    p.add_argument("--steps", metavar="N", type=int, help=_STEPS_HELP)
     p.add_argument("--against", metavar="ROW", help=_AGAINST_HELP)
     p.set_defaults(func=cmd_show)
     p = sub.add_parser("merge", help="merge the records of several runs or machines into one leaderboard",
@@ -319,6 +325,7 @@ def configure_leaderboard(parser: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folder or records.jsonl")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the merged leaderboard")
     p.add_argument("--title", default="trace-gym leaderboard (merged)", help="page title")
+    p.add_argument("--steps", metavar="N", type=int, help=_STEPS_HELP + "; the records written are the cut ones")
     p.add_argument("--against", metavar="ROW", help=_AGAINST_HELP)
     p.set_defaults(func=cmd_merge)
     p = sub.add_parser("compare", help="which rows of two runs generated the same, and the step where the others part",

@@ -175,20 +175,30 @@ def legend_line(group: Group) -> str:
     return "; ".join(parts) + "."
 
 
-def paired_section(group: Group, against: str | None) -> tuple[str, list[str], list[list[str]], str] | None:
-    """``(title, header, cells, legend)`` of the group's rows against ``against`` paired by seed
-    (:mod:`trace_gym.leaderboard.paired`); None without ``against``, when the group has no such
-    row, or when no other row shares a seed with it."""
-    from trace_gym.leaderboard.paired import EQUAL_TOKENS_LEGEND, EVAL_NOISE, EVAL_NOISE_LEGEND, PAIRED_LEGEND, paired_table
+def paired_sections(group: Group, against: str | None) -> list[tuple[str, list[str], list[list[str]], str]]:
+    """``(title, header, cells, legend)`` of each table of the group's rows against ``against``
+    paired by seed (:mod:`trace_gym.leaderboard.paired`): the final figures, then for a
+    training group the same rows along the run (:func:`~trace_gym.leaderboard.paired.along_table`).
+    Empty without ``against``, when the group has no such row, or when no other row shares a
+    seed with it."""
+    from trace_gym.leaderboard.paired import (
+        ALONG_LEGEND, EQUAL_TOKENS_LEGEND, EVAL_NOISE, EVAL_NOISE_LEGEND, PAIRED_LEGEND, along_table, paired_table,
+    )
 
     if not against or all(r.allocator != against for r in group.rows):
-        return None
+        return []
     head, body = paired_table(group, against)
     if not body:
-        return None
+        return []
     legend = (PAIRED_LEGEND.format(row=against) + (EQUAL_TOKENS_LEGEND.format(row=against) if group.kind == "training" else "")
               + (EVAL_NOISE_LEGEND if EVAL_NOISE in head else ""))
-    return f"against {against}, paired by seed", head, body, legend
+    out = [(f"against {against}, paired by seed", head, body, legend)]
+    if group.kind == "training":
+        head, body = along_table(group, against)
+        if body:
+            out.append((f"against {against} along the run: held-out acc. − {against}'s curve at equal tokens", head, body,
+                        ALONG_LEGEND.format(row=against)))
+    return out
 
 
 def _md_table(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
@@ -205,9 +215,7 @@ def render_markdown(groups: Sequence[Group], *, title: str = "trace-gym leaderbo
     for g in groups:
         head, body = _table(g)
         out += [f"## {g.title}", "", _budget_line(g), "", *_md_table(head, body), "", legend_line(g), ""]
-        section = paired_section(g, against)
-        if section is not None:
-            sub, head, body, legend = section
+        for sub, head, body, legend in paired_sections(g, against):
             out += [f"### {sub}", "", *_md_table(head, body), "", legend, ""]
     for note in notes:
         out += [note, ""]
@@ -230,9 +238,7 @@ def rich_tables(groups: Sequence[Group], width: int | None = None, against: str 
         tables += fitted_tables(head, body, width or 10**6, keep=2, title=g.title,
                                 caption=_budget_line(g) + "\n" + legend_line(g), left=("allocator", "adv."),
                                 title_justify="left", caption_justify="left")
-        section = paired_section(g, against)
-        if section is not None:
-            sub, head, body, legend = section
+        for sub, head, body, legend in paired_sections(g, against):
             tables += fitted_tables(head, body, width or 10**6, keep=1, title=f"{g.title}: {sub}", caption=legend,
                                     left=("allocator", "seeds"), title_justify="left", caption_justify="left")
     return tables
@@ -393,9 +399,7 @@ def render_html(groups: Sequence[Group], plots: Sequence[Path], *, title: str = 
             parts.append(f"<tr{cls}>{cells}</tr>")
         parts.append("</tbody></table></div>")
         parts.append(legend)
-        section = paired_section(g, against)
-        if section is not None:
-            sub, head, body, paired_legend = section
+        for sub, head, body, paired_legend in paired_sections(g, against):
             parts.append(f"<h3>{e(sub)}</h3><div class='scroll'><table><thead><tr>"
                          + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr></thead><tbody>")
             parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in body]
@@ -424,5 +428,5 @@ def write_leaderboard(groups: Sequence[Group], out_dir: Path, *, title: str = "t
     return {"markdown": md, "html": page, **{p.stem: p for p in plots}}
 
 
-__all__ = ["LEGEND", "METRIC_LABELS", "PLOTS", "evaluation_set_line", "legend_line", "paired_section", "plot_accuracy", "plot_effective_ratio", "render_html", "render_markdown",
+__all__ = ["LEGEND", "METRIC_LABELS", "PLOTS", "evaluation_set_line", "legend_line", "paired_sections", "plot_accuracy", "plot_effective_ratio", "render_html", "render_markdown",
            "rich_tables", "write_leaderboard", "write_plots"]
