@@ -830,6 +830,25 @@ def test_the_first_steps_of_a_longer_run_rank_beside_a_shorter_run(runs, tmp_pat
     assert "was not evaluated after step 3 (evaluated after steps 0, 2, 4)" in err and "records.jsonl:" in err
     assert run_cli("show", runs["a"], "--steps", 0) == 2
     assert "at least one" in capsys.readouterr().err
+    # a trainer whose learning rate decays over the run (a cosine schedule) took its first
+    # steps at other rates than a shorter run: refused; a warm-up that rises is not a decay
+    from trace_gym.leaderboard.cut import CutError, decayed_rate
+    from trace_gym.leaderboard.records import make_record
+
+    def with_rates(rec, rates):
+        fields = rec.model_dump(by_alias=False, exclude={"schema_", "digest"})
+        for step, rate in zip(fields["steps"], rates):
+            step["metrics"]["lr"] = rate
+        return make_record(**fields)
+    trained = next(r for r in longer if r.kind == "training")
+    warm = with_rates(trained, [2e-4, 4e-4, 4e-4, 4e-4])
+    assert decayed_rate(warm) is None and first_steps(warm, 2).evals == short["training", trained.allocator].evals
+    cosine = with_rates(trained, [4e-4, 3.4e-4, 2e-4, 0.6e-4])
+    assert decayed_rate(cosine) == (4e-4, 0.6e-4)
+    with pytest.raises(CutError, match="learning rate fell from 0.0004 to 6e-05 over its 4 steps"):
+        first_steps(cosine, 2)
+    assert first_steps(cosine, STEPS) is cosine  # uncut, it is its own run
+
     # merge writes the cut records, which load as records of the shorter run
     assert run_cli("merge", grpo_short, long_rest, "--steps", 2, "--against", "grpo", "--out", tmp_path / "merged") == 0
     assert "read as their runs' first 2 steps" in " ".join(capsys.readouterr().out.split())

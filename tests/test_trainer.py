@@ -220,6 +220,9 @@ def test_a_training_track_records_each_held_out_tasks_score(reference, tmp_path)
             assert len(e.task_scores) == 8 and all(2 * x == int(2 * x) for x in e.task_scores)
             assert sum(e.task_scores) / 8 == pytest.approx(e.accuracy)
     assert "| eval noise (95%, tasks paired) |" in (out / "leaderboard.md").read_text()
+    # each step keeps the learning rate after its updates (constant here), which a cut to
+    # the first steps reads to refuse a schedule that decays over the run
+    assert all(s.metrics["lr"] == pytest.approx(MICRO["optim"]["lr"]) for r in records for s in r.steps)
 
 
 # ----------------------------------------------------------------------------- reliability

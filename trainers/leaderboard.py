@@ -276,7 +276,9 @@ def model_training(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
                        "effective_token_ratio": rec.get("effective_token_ratio"), "reward_mean": rec.get("reward/mean"),
                        "brier": rec.get("calibration/brier"), "ece": rec.get("calibration/ece"), "auc": rec.get("calibration/auc"),
                        "loss": rec.get("update/loss"), "step_s": rec.get("time/step"), "branches": rec.get("branches"),
-                       "prompts": rec.get("spent/prompts"), "failed_trajectories": rec.get("spent/failed_trajectories")}
+                       "prompts": rec.get("spent/prompts"), "failed_trajectories": rec.get("spent/failed_trajectories"),
+                       # the learning rate after the step's updates: a cut to the first steps checks that it did not decay
+                       "lr": rec.get("update/lr")}
             steps.append(StepRecord(step=i, trajectories=traj, tokens=tok, metrics={k: clean_metric(v) for k, v in metrics.items()},
                                     generated=rec["generated"]))
             add_eval(i + 1, rec)

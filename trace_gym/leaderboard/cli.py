@@ -286,8 +286,9 @@ _AGAINST_HELP = ("under each table, every row against ROW (e.g. grpo), paired by
 
 _STEPS_HELP = ("read every run as its first N steps, so that a longer run ranks beside a run of N steps at the same "
                "budget (a training run must have been evaluated after step N; final metrics measured after the whole "
-               "run, such as the shared calibration AUCs, read as missing; a trainer whose learning rate follows a "
-               "cosine schedule over its steps took those N at other rates than an N-step run)")
+               "run, such as the shared calibration AUCs, read as missing; a training record whose learning rate "
+               "fell during its run, as under a cosine schedule, is refused: its first N steps ran at other rates "
+               "than an N-step run)")
 
 
 def configure_leaderboard(parser: argparse.ArgumentParser) -> None:

@@ -20,9 +20,12 @@ steps before), so its records of those steps are what an 8-step run of the same 
   run's, so the provenance still names where the steps came from.
 
 The one difference from a real N-step run is a learning-rate schedule that depends on the
-run's length: a trainer whose schedule decays over ``steps`` took its first N steps at other
-rates than an N-step run would. ``trace-gym leaderboard compare`` tells, by the steps'
-generation fingerprints, whether a cut record and a shorter run generated the same.
+run's length: a trainer whose schedule decays over ``steps`` (``optim.schedule: cosine``)
+took its first N steps at other rates than an N-step run would. Training records keep each
+step's learning rate (the step metric ``lr``), and a record whose rate fell during its run
+is refused; a record written before the rate was kept cannot be checked. ``trace-gym
+leaderboard compare`` tells, by the steps' generation fingerprints, whether a cut record and
+a shorter run generated the same.
 """
 
 from __future__ import annotations
@@ -38,11 +41,25 @@ class CutError(ValueError):
     not evaluated after the last of them."""
 
 
+def decayed_rate(record: Record) -> tuple[float, float] | None:
+    """``(highest, last)`` learning rate of a record whose rate fell during its run, from the
+    steps' ``lr`` metric (a warm-up rises, a constant rate stays); None where it never fell
+    or the steps do not record it."""
+    rates = [r for r in (s.metrics.get("lr") for s in record.steps) if r is not None]
+    top = 0.0
+    for r in rates:
+        # relative tolerance: a float32 optimizer's rate read back may differ in its last bits
+        if r < top * (1 - 1e-6):
+            return top, rates[-1]
+        top = max(top, r)
+    return None
+
+
 def first_steps(record: Record, steps: int) -> Record:
     """``record`` as its run's first ``steps`` steps (the module docstring says what changes).
     The record itself where it ran exactly ``steps``. Raises :class:`CutError` where it ran
-    fewer, where ``steps`` is below 1, or where a training record has no evaluation after
-    step ``steps``."""
+    fewer, where ``steps`` is below 1, where a training record has no evaluation after step
+    ``steps``, or where its learning rate fell during the run (:func:`decayed_rate`)."""
     ran = record.budget.steps
     if steps < 1:
         raise CutError(f"cannot cut to {steps} steps: a record keeps at least one")
@@ -50,6 +67,11 @@ def first_steps(record: Record, steps: int) -> Record:
         raise CutError(f"ran {ran} steps, fewer than the {steps} asked for")
     if steps == ran:
         return record
+    decay = decayed_rate(record)
+    if decay is not None:
+        raise CutError(f"its learning rate fell from {decay[0]:.3g} to {decay[1]:.3g} over its {ran} steps: a schedule over the "
+                       f"run's length (as optim.schedule: cosine), so its first {steps} steps ran at other rates than a "
+                       f"{steps}-step run; run {steps} steps instead")
     kept = record.steps[:steps]
     evals = [e for e in record.evals if e.step <= steps]
     if record.kind == "training" and (not evals or evals[-1].step != steps):
@@ -90,4 +112,4 @@ def cut_records(records: Sequence[LoadedRecord], steps: int) -> list[LoadedRecor
     return out
 
 
-__all__ = ["CutError", "cut_records", "first_steps"]
+__all__ = ["CutError", "cut_records", "decayed_rate", "first_steps"]
