@@ -280,8 +280,9 @@ def cmd_suites(args: argparse.Namespace) -> int:
 
 _AGAINST_HELP = ("under each table, every row against ROW (e.g. grpo), paired by seed: the ranked metric's difference "
                  "and the tokens, with 95%% intervals (training: also the accuracy at equal tokens and the tokens to ROW's "
-                 "final accuracy, and the evaluation's own noise on the differences where the records keep per-task "
-                 "scores)")
+                 "final accuracy, the evaluation's own noise on the differences where the records keep per-task "
+                 "scores, and a second table reading each row after every evaluation against ROW's curve at equal "
+                 "tokens)")
 
 
 _STEPS_HELP = ("read every run as its first N steps, so that a longer run ranks beside a run of N steps at the same "
