@@ -168,11 +168,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     as its first N steps (:func:`~trace_gym.leaderboard.cut.first_steps`), ``--against ROW``
     adds each row against ROW paired by seed."""
     try:
-        records = _only(load_records(args.runs), args.allocators, args.seeds)
-        notes = []
-        if args.steps is not None:
-            records, note = _first_steps(records, args.steps)
-            notes += [note] if note else []
+        records, notes = _first_steps(_only(load_records(args.runs), args.allocators, args.seeds), args.steps)
         _check_against(records, args.against)
         return _render(records, None, title="trace-gym leaderboard", notes=notes, against=args.against)
     except (RecordError, UnequalBudget) as exc:
@@ -180,35 +176,34 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 1
 
 
-def _first_steps(records, steps: int):
-    """The records cut to their runs' first ``steps`` steps, and the note under the tables
-    saying how many were cut and which final metrics that left out (None: none was longer);
-    a record that cannot be cut is a usage error naming each and why."""
+def _first_steps(records, steps: int | None):
+    """The records cut to their runs' first ``steps`` steps (``--steps``; None: as they are),
+    and the notes under the tables: one saying how many were cut and which final metrics that
+    left out, none where no record was longer; a record that cannot be cut is a usage error
+    naming each and why."""
     from trace_gym.cli.errors import UsageError
     from trace_gym.leaderboard.cut import CutError, cut_records
 
+    if steps is None:
+        return records, []
     try:
         out = cut_records(records, steps)
     except CutError as exc:
         raise UsageError(f"--steps {steps}: {exc}") from None
     cut = [(a.record, b.record) for a, b in zip(records, out) if a is not b]
     if not cut:
-        return out, None
+        return out, []
     lost = sorted({name for a, b in cut for name, value in a.final.items() if value is not None and b.final.get(name) is None})
-    return out, (f"--steps {steps}: {len(cut)} of {len(out)} record(s) read as their runs' first {steps} steps"
-                 + (f"; measured after the whole run, their {', '.join(lost)} are left out." if lost else "."))
+    return out, [f"--steps {steps}: {len(cut)} of {len(out)} record(s) read as their runs' first {steps} steps"
+                 + (f"; measured after the whole run, their {', '.join(lost)} are left out." if lost else ".")]
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
     """``leaderboard merge RUN... --out DIR``: one records.jsonl and leaderboard from several
     runs; ``--steps N`` writes every record cut to its run's first N steps."""
     out = Path(args.out)
-    notes = []
     try:
-        records = load_records(args.runs)
-        if args.steps is not None:
-            records, note = _first_steps(records, args.steps)
-            notes += [note] if note else []
+        records, notes = _first_steps(load_records(args.runs), args.steps)
         _check_against(records, args.against)
         rank(records)  # refuse before writing anything
     except (RecordError, UnequalBudget) as exc:

@@ -37,8 +37,8 @@ from trace_gym.leaderboard.runner import ALLOCATION_FINAL, failed_share, mean_me
 
 
 class CutError(ValueError):
-    """A record that cannot be cut to the steps asked for: it ran fewer, or (training) it was
-    not evaluated after the last of them."""
+    """A record that cannot be cut to the steps asked for: it ran fewer, (training) it was not
+    evaluated after the last of them, or its learning rate fell during its run."""
 
 
 def decayed_rate(record: Record) -> tuple[float, float] | None:

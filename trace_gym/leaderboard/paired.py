@@ -278,10 +278,10 @@ def paired(group: Group, against: str) -> list[PairedRow]:
                 (ra, rs), (ba, bs) = accuracy_at(r.evals, at), accuracy_at(b.evals, at)
                 equal.append(ra - ba)
                 equal_scores.append((rs, bs))
-                points, base_points = sorted(r.evals, key=lambda e: e.step), sorted(b.evals, key=lambda e: e.step)
-                gaps = along_baseline([e.tokens for e in points], [e.accuracy for e in points],
-                                      [e.tokens for e in base_points], [e.accuracy for e in base_points])
-                along.append({e.step: g for e, g in zip(points, gaps) if e.tokens > 0})
+                # a record's evaluations are in step order (loading checks it)
+                gaps = along_baseline([e.tokens for e in r.evals], [e.accuracy for e in r.evals],
+                                      [e.tokens for e in b.evals], [e.accuracy for e in b.evals])
+                along.append({e.step: g for e, g in zip(r.evals, gaps) if e.tokens > 0})
         noise = equal_noise = None
         if training:
             noise = _noise_where_scored([(_final_scores(mine[seed]), _final_scores(base[seed])) for seed in seeds])
