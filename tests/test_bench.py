@@ -313,6 +313,49 @@ def test_ablation_grid_reads_both_learning_curves_at_equal_tokens():
     assert "| - |" in next(line for line in g.learning_table(saved) if "| trace |" in line)  # a summary saved before the column
 
 
+def test_ablation_grid_reads_each_step_against_grpos_curve():
+    """The learning table counts, of the steps read on every seed, those after which the row
+    is ahead of grpo's curve at equal tokens beyond the 95% interval, and those where it is
+    behind: a row that leads midway and ends level with grpo on a plateau shows its lead
+    there, where the end-of-run figures show none; steps beyond grpo's tokens are not read."""
+    import json
+    import math
+
+    g = _grid_module()
+
+    def run(acc, per_step):
+        return {"final_test_success": acc[-1],
+                "curve": [{"test_success": a, "tokens": per_step * i, "trajectories": 8.0 * i} for i, a in enumerate(acc)]}
+
+    grpo = run([0.5, 0.6, 0.7, 0.8, 0.8], 100.0)
+    # at 50 tokens a step: after step 1 grpo's curve reads 0.55, after step 2 0.6, step 3 0.65, step 4 0.7
+    fast = [run([0.5, 0.60, 0.70, 0.75, 0.70], 50.0), run([0.5, 0.62, 0.72, 0.74, 0.71], 50.0), run([0.5, 0.61, 0.70, 0.76, 0.69], 50.0)]
+    assert g.along_grpo(fast[0]["curve"], grpo["curve"]) == pytest.approx([0.05, 0.1, 0.1, 0.0])
+    # 150 tokens a step: steps 3 and 4 (450, 600 tokens) lie beyond grpo's 400
+    assert [math.isnan(v) for v in g.along_grpo(run([0.5, 0.6, 0.7, 0.8, 0.8], 150.0)["curve"], grpo["curve"])] == [False, False, True, True]
+    slow = [run([0.5, 0.5, 0.55, 0.6, 0.6], 100.0), run([0.5, 0.52, 0.55, 0.6, 0.62], 100.0), run([0.5, 0.5, 0.56, 0.61, 0.6], 100.0)]
+    runs = {"grpo": {s: grpo for s in range(3)}, "fast": dict(enumerate(fast)), "slow": dict(enumerate(slow)),
+            "one": {0: fast[0]}}
+    summary = g.learning_summary({k: v for k, v in runs.items() if k != "one"})
+    assert summary["fast"]["along"][0] == pytest.approx([0.05, 0.07, 0.06]) and len(summary["fast"]["along"]) == 4
+    # the first three steps ahead beyond their intervals; at the end level with grpo, the interval spanning zero
+    table = g.learning_table(summary)
+    assert "steps ahead / behind grpo's curve (95% interval)" in table[0]
+    assert "| 3 / 0 of 4 |" in next(line for line in table if "| fast |" in line)
+    assert "| 0 / 4 of 4 |" in next(line for line in table if "| slow |" in line)
+    assert "| 0 / 0 of 4 |" in next(line for line in table if "| grpo |" in line)
+    # the end-of-run figure alone reads the fast row level with grpo
+    fast_end = g.interval(summary["fast"]["equal_tokens_diff"])
+    assert fast_end[0] - fast_end[1] < 0 < fast_end[0] + fast_end[1]
+    one = g.learning_summary({"grpo": {0: grpo}, "one": {0: fast[0]}})
+    assert "| n/a (one seed) |" in next(line for line in g.learning_table(one) if "| one |" in line)
+    # the figure survives --json, NaN beyond grpo's tokens written and read back: the two steps
+    # read are behind (0.6 at 150 tokens against grpo's 0.65, 0.7 at 300 against 0.8), the last two unread
+    back = json.loads(json.dumps(g.learning_summary({"grpo": {0: grpo, 1: grpo}, "far": {0: run([0.5, 0.6, 0.7, 0.8, 0.8], 150.0),
+                                                                                          1: run([0.5, 0.6, 0.7, 0.8, 0.8], 150.0)}})))
+    assert "| 0 / 2 of 2 |" in next(line for line in g.learning_table(back) if "| far |" in line)
+
+
 def test_ablation_grid_without_the_lm_encoder_fails_before_any_run(monkeypatch, capsys):
     """Without the MiniLM package a grid with an lm predictor stops at once with what to
     install or which --predictors to pass, not an hour in when the first lm run starts."""

@@ -454,6 +454,7 @@ def test_against_a_row_along_the_run_reads_each_evaluation_against_the_baselines
             assert trace.along[4][i] == pytest.approx(trace.equal_tokens_diff[i])
     head, body = along_table(group, "grpo")
     assert head == ["allocator", "seeds", "after step 2", "after step 4"] and len(body) == len(group.rows) - 1
+    assert along_table(group, "grpo", paired(group, "grpo")) == (head, body)  # the rows a caller computed once
     cells = dict((row[0], row[2:]) for row in body)["trace"]
     for cell, step in zip(cells, (2, 4)):
         values = [v for v in trace.along[step] if not np.isnan(v)]

@@ -390,25 +390,27 @@ ALONG_LEGEND = ("after step s: the row's held-out accuracy after step s minus {r
 """The legend under :func:`along_table` (``{row}``: the baseline row)."""
 
 
-def along_table(group: Group, against: str) -> tuple[list[str], list[list[str]]]:
+def along_table(group: Group, against: str, rows: Sequence[PairedRow] | None = None) -> tuple[list[str], list[list[str]]]:
     """Header and cells of a training group's rows against ``against`` along the run: one
     column per evaluated step (:attr:`PairedRow.along`), "-" where a row has no evaluation
-    there; no cells for an allocation group or where no row has such a step."""
-    rows = [p for p in paired(group, against) if p.along]
+    there; no cells for an allocation group or where no row has such a step. ``rows``:
+    ``paired(group, against)`` where the caller has it already."""
+    rows = [p for p in (paired(group, against) if rows is None else rows) if p.along]
     steps = sorted({st for p in rows for st in p.along})
     header = ["allocator", "seeds"] + [f"after step {st}" for st in steps]
     return header, [[p.allocator, ", ".join(map(str, p.seeds))] + [_along_cell(p.along[st]) if st in p.along else "-" for st in steps]
                     for p in rows]
 
 
-def paired_table(group: Group, against: str) -> tuple[list[str], list[list[str]]]:
+def paired_table(group: Group, against: str, rows: Sequence[PairedRow] | None = None) -> tuple[list[str], list[list[str]]]:
     """Header and cells of :func:`paired`'s table, mean ± 95% t half-width over seeds; the
-    :data:`EVAL_NOISE` column (after the accuracy difference) only where a row has the figure."""
+    :data:`EVAL_NOISE` column (after the accuracy difference) only where a row has the figure.
+    ``rows``: ``paired(group, against)`` where the caller has it already."""
     metric = "held-out acc." if group.kind == "training" else "eff. sample ratio (grpo adv.)"
     header = ["allocator", "seeds", f"{metric} − {against}'s", "ahead on", f"tokens (x {against}'s)"]
     if group.kind == "training":
         header += [EQUAL_TOKENS.format(row=against), f"tokens to {against}'s final acc. (x {against}'s tokens; by seed)"]
-    rows = paired(group, against)
+    rows = paired(group, against) if rows is None else rows
     noise = any(p.eval_noise is not None for p in rows)
     if noise:
         header.insert(3, EVAL_NOISE)

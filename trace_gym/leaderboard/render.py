@@ -182,19 +182,20 @@ def paired_sections(group: Group, against: str | None) -> list[tuple[str, list[s
     Empty without ``against``, when the group has no such row, or when no other row shares a
     seed with it."""
     from trace_gym.leaderboard.paired import (
-        ALONG_LEGEND, EQUAL_TOKENS_LEGEND, EVAL_NOISE, EVAL_NOISE_LEGEND, PAIRED_LEGEND, along_table, paired_table,
+        ALONG_LEGEND, EQUAL_TOKENS_LEGEND, EVAL_NOISE, EVAL_NOISE_LEGEND, PAIRED_LEGEND, along_table, paired, paired_table,
     )
 
     if not against or all(r.allocator != against for r in group.rows):
         return []
-    head, body = paired_table(group, against)
+    rows = paired(group, against)
+    head, body = paired_table(group, against, rows)
     if not body:
         return []
     legend = (PAIRED_LEGEND.format(row=against) + (EQUAL_TOKENS_LEGEND.format(row=against) if group.kind == "training" else "")
               + (EVAL_NOISE_LEGEND if EVAL_NOISE in head else ""))
     out = [(f"against {against}, paired by seed", head, body, legend)]
     if group.kind == "training":
-        head, body = along_table(group, against)
+        head, body = along_table(group, against, rows)
         if body:
             out.append((f"against {against} along the run: held-out acc. − {against}'s curve at equal tokens", head, body,
                         ALONG_LEGEND.format(row=against)))
