@@ -61,7 +61,8 @@ seed draws the same pool and world for every row, so the pairing removes what th
 share), the mean difference with its 95% interval and the number of seeds on which the row
 is ahead; on the effective sample ratio under grpo's advantage (allocation part) and on the
 tokens to grpo's final held-out accuracy (learning part; seeds where either run never gets
-there are left out and counted).
+there are left out and counted); in the learning part also along the run, every row's curve
+read against ``ROW``'s at equal tokens after each step.
 """
 
 from __future__ import annotations
@@ -324,6 +325,25 @@ def learning_paired(summary: dict[str, dict[str, Any]], seeds: list[int], agains
     return paired_table(tok, against, "tokens to grpo's final acc. (x grpo's)", higher_is_better=False)
 
 
+def learning_along(runs: dict[str, dict[int, Any]], against: str) -> list[str]:
+    """Markdown: every row read along the run against ``against``'s curve on the same seed
+    (:func:`along_grpo` with ``against`` in grpo's place): the steps ahead of it and behind it
+    beyond the 95% interval over seeds (:func:`_along_text`), and the difference after the last
+    step every seed reads (mean ± 95% interval). Rows in the order given."""
+    head = ["row", f"steps ahead / behind {against}'s curve (95% interval)", "after the last step read"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    base = runs[against]
+    for key, by_seed in runs.items():
+        if key == against:
+            continue
+        seeds = sorted(set(by_seed) & set(base))
+        along = [list(step) for step in zip(*(along_grpo(by_seed[sd]["curve"], base[sd]["curve"]) for sd in seeds))]
+        read = [step for step in along if all(not math.isnan(v) for v in step)]
+        last = _signed(read[-1]) if read else "n/a"
+        lines.append(f"| {key} | {_along_text(along)} | {last} |")
+    return lines
+
+
 def learning_pivot(summary: dict[str, dict[str, Any]], advantages: tuple[str, ...]) -> list[str]:
     """Markdown: one row per grid cell (and baseline), one column per advantage estimator,
     each entry the tokens needed to reach grpo's final held-out accuracy (x grpo's, mean ±
@@ -372,6 +392,10 @@ def render(out: dict[str, Any], against: str | None = None) -> list[str]:
         md += learning_pivot(summary, advs) + [""]
         if against in summary:
             md += [f"Paired by seed against {against}:", ""] + learning_paired(summary, seeds, against) + [""]
+            if "learning" in out:
+                runs = {k: {int(s): r for s, r in v.items()} for k, v in out["learning"].items()}
+                md += [f"Along the run against {against} (held-out accuracy after each step minus {against}'s curve at the "
+                       "tokens spent by then, same seed):", ""] + learning_along(runs, against) + [""]
     return md
 
 

@@ -347,6 +347,19 @@ def test_ablation_grid_reads_each_step_against_grpos_curve():
     # the end-of-run figure alone reads the fast row level with grpo
     fast_end = g.interval(summary["fast"]["equal_tokens_diff"])
     assert fast_end[0] - fast_end[1] < 0 < fast_end[0] + fast_end[1]
+    # --against ROW reads every row along ROW's curve the same way: against grpo as the table does,
+    # and the fast row against the slow one ahead after every step
+    three = {k: v for k, v in runs.items() if k != "one"}
+    against_grpo = g.learning_along(three, "grpo")
+    assert against_grpo[0].startswith("| row | steps ahead / behind grpo's curve")
+    # after step 4 (200 tokens) grpo's curve reads 0.7: the fast seeds are 0.70, 0.71, 0.69
+    assert next(line for line in against_grpo if line.startswith("| fast |")) == f"| fast | 3 / 0 of 4 | {g._signed([0.0, 0.01, -0.01])} |"
+    assert next(line for line in g.learning_along(three, "slow") if line.startswith("| fast |")).startswith("| fast | 4 / 0 of 4 |")
+    out = {"args": {"seeds": "0,1,2", "advantages": "", "sgd": False, "lr": 0.3, "shared_lr": 3.0, "difficulty": "d",
+                    "trajectories": 8, "steps": 4},
+           "learning": {k: {str(sd): r for sd, r in v.items()} for k, v in three.items()}, "learning_summary": summary}
+    md = "\n".join(g.render(json.loads(json.dumps(out)), against="slow"))
+    assert "Along the run against slow" in md and "| fast | 4 / 0 of 4 |" in md
     one = g.learning_summary({"grpo": {0: grpo}, "one": {0: fast[0]}})
     assert "| n/a (one seed) |" in next(line for line in g.learning_table(one) if "| one |" in line)
     # the figure survives --json, NaN beyond grpo's tokens written and read back: the two steps
