@@ -277,6 +277,12 @@ def _signed(values: list[float] | None) -> str:
     return f"{m:+.3f}" + ("" if math.isnan(h) else f" ± {h:.3f}")
 
 
+def _steps_read(along: list[list[float]]) -> list[list[float]]:
+    """The steps of ``along`` (one list of per-seed values each) that every seed reads: none
+    NaN (beyond the baseline's tokens) or None."""
+    return [step for step in along if all(v is not None and not math.isnan(v) for v in step)]
+
+
 def _along_text(along: list[list[float]] | None) -> str:
     """``A / B of N``: of the N steps after which every seed's run is read against grpo's curve
     (none beyond grpo's tokens), those whose 95% interval over seeds lies wholly above zero
@@ -284,7 +290,7 @@ def _along_text(along: list[list[float]] | None) -> str:
     "n/a (one seed)" where no interval exists."""
     if not along:
         return "-"
-    read = [step for step in along if all(v is not None and not math.isnan(v) for v in step)]
+    read = _steps_read(along)
     if read and len(read[0]) < 2:
         return "n/a (one seed)"
     bounds = [(m - h, m + h) for m, h in (interval(step) for step in read)]
@@ -338,7 +344,7 @@ def learning_along(runs: dict[str, dict[int, Any]], against: str) -> list[str]:
             continue
         seeds = sorted(set(by_seed) & set(base))
         along = [list(step) for step in zip(*(along_grpo(by_seed[sd]["curve"], base[sd]["curve"]) for sd in seeds))]
-        read = [step for step in along if all(not math.isnan(v) for v in step)]
+        read = _steps_read(along)
         last = _signed(read[-1]) if read else "n/a"
         lines.append(f"| {key} | {_along_text(along)} | {last} |")
     return lines
@@ -366,6 +372,11 @@ def learning_pivot(summary: dict[str, dict[str, Any]], advantages: tuple[str, ..
     return lines
 
 
+def _by_seed(part: dict[str, dict[Any, Any]]) -> dict[str, dict[int, Any]]:
+    """A part's runs ``{key: {seed: result}}`` with integer seeds (a saved ``--json`` has strings)."""
+    return {k: {int(s): r for s, r in v.items()} for k, v in part.items()}
+
+
 def render(out: dict[str, Any], against: str | None = None) -> list[str]:
     """The markdown tables of a run, or of its saved ``--json`` (seeds there are strings);
     with ``against``, each part's paired table where that row is one of the part's rows."""
@@ -373,7 +384,7 @@ def render(out: dict[str, Any], against: str | None = None) -> list[str]:
     seeds = sorted(int(s) for s in a["seeds"].split(","))
     md: list[str] = []
     if "allocation" in out:
-        runs = {k: {int(s): r for s, r in v.items()} for k, v in out["allocation"].items()}
+        runs = _by_seed(out["allocation"])
         md += [f"### Allocation (frozen policy, difficulty {a['difficulty']}, M = {a['trajectories']}, {a['steps']} steps, "
                f"seeds {a['seeds']}; ranked by the effective sample ratio under grpo's advantage; mean ± 95% interval)", ""]
         md += allocation_table(runs) + [""]
@@ -393,7 +404,7 @@ def render(out: dict[str, Any], against: str | None = None) -> list[str]:
         if against in summary:
             md += [f"Paired by seed against {against}:", ""] + learning_paired(summary, seeds, against) + [""]
             if "learning" in out:
-                runs = {k: {int(s): r for s, r in v.items()} for k, v in out["learning"].items()}
+                runs = _by_seed(out["learning"])
                 md += [f"Along the run against {against} (held-out accuracy after each step minus {against}'s curve at the "
                        "tokens spent by then, same seed):", ""] + learning_along(runs, against) + [""]
     return md
