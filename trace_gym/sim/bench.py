@@ -24,6 +24,10 @@ Figures per allocator (means over steps unless noted):
   predict nothing. ``auc``/``brier`` are the prefixes' figures (``None`` likewise);
 * ``own_nodes``: the same scores over the predictions the allocator made during its run
   (nodes it chose, so not comparable between allocators; kept for diagnosis);
+* ``in_run_auc``: ``{"nodes", "roots"}``, the step means of the trainer's
+  ``predictor/auc`` and ``predictor/root_auc``: each step's predictions on the nodes it
+  sampled, made before the predictor saw their outcomes, against their backed-up values
+  (as a real run logs them; ``None`` without a predictor);
 * ``ms_per_step``: the allocator's own time (rollouts excluded);
 * ``steps``: per-step effective ratio, effective sample ratio and spend;
 * in learning mode, ``final_success``/``final_test_success`` and ``curve``: held-out
@@ -174,6 +178,9 @@ def run_allocator(spec: str, world: ContrastLabWorld, config: BenchConfig,
         for key in ("effective_ratio", "effective_sample_ratio", "effective_token_ratio", "spent/trajectories",
                     "spent/generated_tokens", "spent/prompts", "time/allocator", "time/predictor"):
             rows.setdefault(key, []).append(float(m[key]))
+        for key in ("predictor/auc", "predictor/root_auc"):
+            if m.get(key) is not None:
+                rows.setdefault(key, []).append(float(m[key]))
         for a in REPORTED_ADVANTAGES:
             if f"effective_sample_ratio/{a}" in m:
                 traj, tok = m[f"effective_sample_ratio/{a}"], m[f"effective_token_ratio/{a}"]
@@ -221,6 +228,7 @@ def run_allocator(spec: str, world: ContrastLabWorld, config: BenchConfig,
         "auc": calib["prefixes"]["auc"] if calib else None,
         "brier": calib["prefixes"]["brier"] if calib else None,
         "own_nodes": own,
+        "in_run_auc": {"nodes": mean("predictor/auc"), "roots": mean("predictor/root_auc")},
         "ms_per_step": 1e3 * mean("time/allocator"),
         "allocator": spec,
         "predictor": str(step.resolved.predictor_spec) if step.resolved.predictor_spec else None,
