@@ -90,6 +90,7 @@ from typing import Any
 
 from seed_stats import fmt, interval, paired_table  # this script's own folder: run as a script, it is on sys.path
 from trace_gym.leaderboard.paired import along_baseline, difference_at_equal_spend, ratio_to_baseline_final
+from trace_gym.leaderboard.render import markdown_table
 from trace_gym.sim.difficulty import DEFAULT_DIFFICULTY
 
 STAGE1 = ("uniform", "paper", "posterior")
@@ -238,7 +239,7 @@ def allocation_table(runs: dict[str, dict[int, Any]]) -> list[str]:
                         " / ".join("-" if None in v else f"{statistics.fmean(v):.3f}" for v in aucs.values()),
                         "-" if None in in_run else f"{statistics.fmean(in_run):.3f}"]))
     rows.sort(key=lambda x: -x[0])
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines = markdown_table(head)
     lines += [f"| {i + 1} | " + " | ".join(r) + " |" for i, (_, r) in enumerate(rows)]
     return lines
 
@@ -327,7 +328,7 @@ def learning_table(summary: dict[str, dict[str, Any]]) -> list[str]:
                                 fmt(interval(s["final_test_success"]), digits=3), _signed(s.get("equal_tokens_diff")),
                                 _along_text(s.get("along")), seeds]))
     rows.sort(key=lambda x: x[0])
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines = markdown_table(head)
     lines += [f"| {i + 1} | " + " | ".join(r) + " |" for i, (_, r) in enumerate(rows)]
     return lines
 
@@ -350,7 +351,7 @@ def learning_along(runs: dict[str, dict[int, Any]], against: str) -> list[str]:
     beyond the 95% interval over seeds (:func:`_along_text`), and the difference after the last
     step every seed reads (mean ± 95% interval). Rows in the order given."""
     head = ["row", f"steps ahead / behind {against}'s curve (95% interval)", "after the last step read"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines = markdown_table(head)
     base = runs[against]
     for key, by_seed in runs.items():
         if key == against:
@@ -379,7 +380,7 @@ def learning_pivot(summary: dict[str, dict[str, Any]], advantages: tuple[str, ..
         # among rows that did not reach grpo's final, the higher final accuracy first
         best[cell] = min(best.get(cell, math.inf), _ratio_sort(vals) - (0.0 if reached else acc))
     head = ["row"] + [f"adv. {a}" for a in advantages] + ["own adv."]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines = markdown_table(head)
     for cell in sorted(cells, key=lambda c: best[c]):
         lines.append("| " + " | ".join([cell] + [cells[cell].get(a, "") for a in advantages] + [cells[cell].get("own", "")]) + " |")
     return lines

@@ -12,6 +12,7 @@ import math
 
 # the 95% Student t-interval the leaderboard's paired tables use: one definition for both
 from trace_gym.leaderboard.paired import t_interval as interval
+from trace_gym.leaderboard.render import markdown_table
 
 
 def fmt(mi: tuple[float, float], pct: bool = False, digits: int = 2) -> str:
@@ -30,7 +31,7 @@ def paired_table(values: dict[str, dict[int, float]], against: str, what: str, s
     mean ± 95% interval to ``digits`` decimals, and on how many seeds the row is ahead; seeds
     where either value is not finite are left out and counted. Rows in the order given."""
     head = ["row", f"{what}: row − {against}", "row ahead on", "seeds left out"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines = markdown_table(head)
     base = values[against]
     for key, by_seed in values.items():
         if key == against:

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 from seed_stats import paired_table  # this script's own folder: run as a script, it is on sys.path
 from trace_gym.leaderboard.paired import along_baseline, difference_at_equal_spend, ratio_to_baseline_final, t_interval
+from trace_gym.leaderboard.render import markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 ACC = "eval/{env}/mean@k"
@@ -222,8 +223,7 @@ def contrast_table(curves: dict[str, list[dict[str, np.ndarray]]]) -> list[str]:
     held-out accuracy, means over seeds and steps; then how the final accuracy follows the
     other columns over the rows (Pearson r of the row means)."""
     head = ["row", "prompts a step", "mixed prompts a step", "ESR (grpo adv.)", "root AUC", "final acc."]
-    lines = ["### Contrast: on how many prompts, and on how many trajectories", "",
-             "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines = ["### Contrast: on how many prompts, and on how many trajectories", "", *markdown_table(head)]
     cols: dict[str, list[float]] = {"mixed": [], "esr": [], "final": []}
     for name, cs in curves.items():
         runs = [c for c in cs if c["prompts"].size]

@@ -202,8 +202,9 @@ def paired_sections(group: Group, against: str | None) -> list[tuple[str, list[s
     return out
 
 
-def _md_table(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
-    """A Markdown table's lines: the header, its rule, one line per row."""
+def markdown_table(head: Sequence[str], body: Sequence[Sequence[str]] = ()) -> list[str]:
+    """A Markdown table's lines: the header, its rule, one line per row of ``body`` (none:
+    the header and rule, for a caller that appends its rows)."""
     return ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|",
             *("| " + " | ".join(r) + " |" for r in body)]
 
@@ -215,9 +216,9 @@ def render_markdown(groups: Sequence[Group], *, title: str = "trace-gym leaderbo
     out = [f"# {title}", ""]
     for g in groups:
         head, body = _table(g)
-        out += [f"## {g.title}", "", _budget_line(g), "", *_md_table(head, body), "", legend_line(g), ""]
+        out += [f"## {g.title}", "", _budget_line(g), "", *markdown_table(head, body), "", legend_line(g), ""]
         for sub, head, body, legend in paired_sections(g, against):
-            out += [f"### {sub}", "", *_md_table(head, body), "", legend, ""]
+            out += [f"### {sub}", "", *markdown_table(head, body), "", legend, ""]
     for note in notes:
         out += [note, ""]
     for p in plots:
@@ -429,5 +430,5 @@ def write_leaderboard(groups: Sequence[Group], out_dir: Path, *, title: str = "t
     return {"markdown": md, "html": page, **{p.stem: p for p in plots}}
 
 
-__all__ = ["LEGEND", "METRIC_LABELS", "PLOTS", "evaluation_set_line", "legend_line", "paired_sections", "plot_accuracy", "plot_effective_ratio", "render_html", "render_markdown",
+__all__ = ["LEGEND", "METRIC_LABELS", "PLOTS", "evaluation_set_line", "legend_line", "markdown_table", "paired_sections", "plot_accuracy", "plot_effective_ratio", "render_html", "render_markdown",
            "rich_tables", "write_leaderboard", "write_plots"]
