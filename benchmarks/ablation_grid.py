@@ -33,7 +33,8 @@ estimator (``trace:scale=group`` has the non-zero pattern of ``trace``). Columns
 ratio, effective sample ratio (trajectories) under each estimator, generated tokens per
 step, prompts sampled, the predictor's AUC on the shared evaluation set (prefixes and roots,
 after the run) and its root AUC in the run (each step's sampled roots, predicted before
-their outcomes, as a trainer logs ``predictor/root_auc``).
+their outcomes, as a trainer logs ``predictor/root_auc``), and of the branches in trees whose
+root rollouts agreed, the share that ended with the other outcome (``branch/flip_rate``).
 
 **Learning part** (ContrastLab's learning mode: a REINFORCE step of the simulated policy on
 each step's advantages, by default scale-free and charged for waste (advantages scaled to
@@ -226,18 +227,20 @@ def run_part(args: argparse.Namespace, learn: float, rows: list[dict[str, Any]],
 def allocation_table(runs: dict[str, dict[int, Any]]) -> list[str]:
     """Markdown rows of the allocation part, ranked by the effective sample ratio under grpo's advantage."""
     head = ["rank", "row", "eff. ratio %"] + [f"ESR ({a} adv.) %" for a in ALLOCATION_ADVANTAGES] + \
-        ["tokens/step", "prompts", "AUC prefixes / roots", "root AUC in the run"]
+        ["tokens/step", "prompts", "AUC prefixes / roots", "root AUC in the run", "branches flipping a pure tree %"]
     rows = []
     for key, by_seed in runs.items():
         rs = list(by_seed.values())
         esr = {a: interval([r["effective_sample_ratio_by_advantage"][a]["trajectories"] for r in rs]) for a in ALLOCATION_ADVANTAGES}
         aucs = {part: [((r.get("calibration") or {}).get(part) or {}).get("auc") for r in rs] for part in ("prefixes", "roots")}
         in_run = [(r.get("in_run_auc") or {}).get("roots") for r in rs]
+        flips = [(r.get("branch_flips") or {}).get("flip_rate") for r in rs]
         rows.append((esr["grpo"][0], [key, fmt(interval([r["effective_ratio"] for r in rs]), True)]
                      + [fmt(esr[a], True) for a in ALLOCATION_ADVANTAGES]
                      + [f"{statistics.fmean(r['tokens'] for r in rs):,.0f}", f"{statistics.fmean(r['prompts'] for r in rs):.0f}",
                         " / ".join("-" if None in v else f"{statistics.fmean(v):.3f}" for v in aucs.values()),
-                        "-" if None in in_run else f"{statistics.fmean(in_run):.3f}"]))
+                        "-" if None in in_run else f"{statistics.fmean(in_run):.3f}",
+                        "-" if None in flips else f"{100 * statistics.fmean(flips):.1f}"]))
     rows.sort(key=lambda x: -x[0])
     lines = markdown_table(head)
     lines += [f"| {i + 1} | " + " | ".join(r) + " |" for i, (_, r) in enumerate(rows)]

@@ -40,6 +40,8 @@ def test_bench_cli_writes_the_documented_json(tmp_path, capsys):
     # the AUC a trainer logs, on each step's roots before their outcomes: none without a predictor
     assert data["allocators"]["grpo"]["in_run_auc"] == {"nodes": None, "roots": None}
     assert all(0 <= data["allocators"]["trace"]["in_run_auc"][k] <= 1 for k in ("nodes", "roots"))
+    assert data["allocators"]["grpo"]["branch_flips"] == {"flip_rate": None, "pure_trees_mixed": None}  # never branches
+    assert all(0 <= data["allocators"]["trace"]["branch_flips"][k] <= 1 for k in ("flip_rate", "pure_trees_mixed"))
     # one evaluation set for every row: the same histories, roots and prefixes apart, and the references beside them
     cal = {k: data["allocators"][k]["calibration"] for k in ("trace", "trace:stage1=uniform", "oracle")}
     assert len({(c["roots"]["n"], c["prefixes"]["n"]) for c in cal.values()}) == 1
@@ -258,9 +260,10 @@ def test_ablation_grid_pairs_rows_by_seed(tmp_path, capsys):
     assert "| - / - |" in out  # saved runs without calibration
     scored = {0: {**run(0.5), "calibration": {"prefixes": {"auc": 0.9}, "roots": {"auc": 0.6}}},
               1: {**run(0.5), "calibration": {"prefixes": {"auc": 0.8}, "roots": {"auc": 0.5}}}}
-    assert g.allocation_table({"trace": scored})[-1].endswith("| 0.850 / 0.550 | - |")
+    assert g.allocation_table({"trace": scored})[-1].endswith("| 0.850 / 0.550 | - | - |")
     scored[0]["in_run_auc"], scored[1]["in_run_auc"] = {"roots": 0.52, "nodes": 0.7}, {"roots": 0.58, "nodes": 0.7}
-    assert g.allocation_table({"trace": scored})[-1].endswith("| 0.850 / 0.550 | 0.550 |")
+    scored[0]["branch_flips"], scored[1]["branch_flips"] = {"flip_rate": 0.1}, {"flip_rate": 0.2}
+    assert g.allocation_table({"trace": scored})[-1].endswith("| 0.850 / 0.550 | 0.550 | 15.0 |")
     with pytest.raises(SystemExit):
         g.main(["--from-json", str(path), "--against", "oracle"])
 

@@ -100,6 +100,43 @@ def test_effective_sample_ratio_counts_unfinished_trajectories_and_tokens():
         f.effective_sample_ratio(adv[:2])
 
 
+def test_branch_flips_count_what_branching_bought_on_pure_trees():
+    """Only trees whose root rollouts (two or more, finished) agree count; a branch flips
+    when its reward differs from theirs; unfinished branches and mixed trees are left out."""
+    f = Forest()
+
+    def rollout(origin, reward, turns=2):
+        t = f.start_trajectory(origin)
+        nodes = [f.add_node(t, n_tokens=5) for _ in range(turns - 1)]
+        if reward is not None:
+            nodes.append(f.add_node(t, n_tokens=5, terminal=True, reward=reward))
+        return nodes
+
+    a = f.add_root("a")  # pure (two failures), three branches: one flips, one fails, one never ends
+    mid = rollout(a, 0.0)[0]
+    rollout(a, 0.0)
+    rollout(mid, 1.0, turns=1)
+    rollout(mid, 0.0, turns=1)
+    t = f.start_trajectory(mid)
+    f.add_node(t, n_tokens=5)
+    b = f.add_root("b")  # pure (two successes), one branch that agrees: not mixed
+    mid_b = rollout(b, 1.0)[0]
+    rollout(b, 1.0)
+    rollout(mid_b, 1.0, turns=1)
+    c = f.add_root("c")  # mixed at the root: its branch does not count
+    mid_c = rollout(c, 0.0)[0]
+    rollout(c, 1.0)
+    rollout(mid_c, 1.0, turns=1)
+    d = f.add_root("d")  # one root rollout: not known to be pure
+    mid_d = rollout(d, 0.0)[0]
+    rollout(mid_d, 1.0, turns=1)
+    e = f.add_root("e")  # pure without branches
+    rollout(e, 0.0)
+    rollout(e, 0.0)
+    assert f.branch_flips() == {"trees": 2, "trees_mixed": 1, "branches": 3, "flipped": 1}
+    assert Forest().branch_flips() == {"trees": 0, "trees_mixed": 0, "branches": 0, "flipped": 0}
+
+
 def test_empty_forest_ratios_are_zero():
     f = Forest()
     assert f.effective_ratio() == 0.0

@@ -9,7 +9,9 @@ envs and a policy):
    :func:`~trace_gym.allocation.allocator.allocate_step` with the run's allocator and predictor;
 3. **backup and advantages** under the run's estimator;
 4. **metrics**: effective ratio, effective sample ratio under the run's estimator and under
-   ``grpo`` and ``trace``, spend, rewards, the calibration of the predictions the allocator
+   ``grpo`` and ``trace``, spend, rewards, how often branches turned a pure tree mixed
+   (``branch/flip_rate``, ``branch/pure_trees_mixed``: :meth:`~trace_gym.forest.forest.Forest.branch_flips`;
+   None in a step without such branches), the calibration of the predictions the allocator
    made before the outcomes were known;
 5. **predictor update** on ``(history, V_hat)`` of every non-terminal node with finished leaves
    below it, weighted by its leaf count (its calibration on those nodes is measured first);
@@ -180,6 +182,7 @@ def forest_metrics(forest: Forest, adv: np.ndarray, spend: Spend) -> dict[str, A
     hist = np.bincount(depth, minlength=int(depth.max()) + 1 if depth.size else 1)
     origins = forest.traj_origin[: forest.n_trajectories]
     branch_depth = forest.depth[origins[forest.parent[origins] >= 0]]
+    flips = forest.branch_flips()
     return {
         "effective_ratio": forest.effective_ratio(),
         "effective_sample_ratio": traj_ratio,
@@ -197,6 +200,9 @@ def forest_metrics(forest: Forest, adv: np.ndarray, spend: Spend) -> dict[str, A
         "spent/roots": int(spend.roots),
         "branches": int(spend.branches),
         "branch_depth_mean": float(branch_depth.mean()) if branch_depth.size else 0.0,
+        # of the branches in trees whose root rollouts all agreed, the share that disagreed
+        "branch/flip_rate": flips["flipped"] / flips["branches"] if flips["branches"] else None,
+        "branch/pure_trees_mixed": flips["trees_mixed"] / flips["trees"] if flips["trees"] else None,
         "leaf_depth_mean": float(depth.mean()) if depth.size else 0.0,
         "depth_hist": hist.tolist(),
     }

@@ -436,6 +436,43 @@ class Forest:
         tr, tok = effective_sample_ratio_kernel(a["traj"][: self._n], a["n_tokens"][: self._n], adv, self._n_traj)
         return float(tr), float(tok)
 
+    def branch_flips(self) -> dict[str, int]:
+        """How often branching turned a pure tree mixed. A tree counts when its rollouts from
+        the root (stage 1, and any stage-2 rollout from the root) finished at least twice,
+        all with one reward, and it holds finished branches (trajectories continued from an
+        inner prefix). Returns ``{"trees", "trees_mixed", "branches", "flipped"}``: such
+        trees, those among them whose leaves end with two different rewards, their finished
+        branches, and the branches whose reward differs from the root rollouts'. On a pure
+        tree a flipped branch is what buys its contrast; fresh rollouts of new prompts are the
+        alternative the budget had."""
+        n = self._n_traj
+        out = {"trees": 0, "trees_mixed": 0, "branches": 0, "flipped": 0}
+        if n == 0:
+            return out
+        parent, reward = self._arr["parent"][: self._n], self._arr["reward"][: self._n]
+        leaf = self.traj_leaf
+        r = reward[leaf]
+        done = ((self._arr["flags"][leaf] & TERMINAL) != 0) & ~np.isnan(r)
+        tree = self._arr["tree"][leaf].astype(np.int64)
+        branch = parent[self.traj_origin] >= 0  # continued from an inner prefix, not from the root
+        root = done & ~branch
+        k = self._n_trees
+        n_root = np.bincount(tree[root], minlength=k)
+        lo = np.full(k, np.inf)
+        hi = np.full(k, -np.inf)
+        np.minimum.at(lo, tree[root], r[root])
+        np.maximum.at(hi, tree[root], r[root])
+        pure = (n_root >= 2) & (lo == hi)
+        counted = done & branch & pure[tree]
+        has_branch = np.bincount(tree[counted], minlength=k) > 0
+        trees = pure & has_branch
+        flipped = counted & (r != lo[tree])
+        mixed = np.zeros(k, dtype=bool)
+        mixed[tree[flipped]] = True
+        out.update(trees=int(trees.sum()), trees_mixed=int((trees & mixed).sum()),
+                   branches=int(counted.sum()), flipped=int(flipped.sum()))
+        return out
+
     def advantages(self, name: str = "trace", **kwargs: Any) -> np.ndarray:
         """Per-node advantages from the estimator registered as ``name`` in
         :data:`trace_gym.forest.advantages.ADVANTAGES` (``trace``, ``grpo``, ``dr_grpo``, ``rloo``,

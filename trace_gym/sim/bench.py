@@ -28,6 +28,10 @@ Figures per allocator (means over steps unless noted):
   ``predictor/auc`` and ``predictor/root_auc``: each step's predictions on the nodes it
   sampled, made before the predictor saw their outcomes, against their backed-up values
   (as a real run logs them; ``None`` without a predictor);
+* ``branch_flips``: ``{"flip_rate", "pure_trees_mixed"}``, the step means of how often a
+  branch in a tree whose root rollouts agreed ended with the other outcome, and how often
+  such a tree ended mixed (:meth:`~trace_gym.forest.forest.Forest.branch_flips`; ``None``
+  for allocators that never branch);
 * ``ms_per_step``: the allocator's own time (rollouts excluded);
 * ``steps``: per-step effective ratio, effective sample ratio and spend;
 * in learning mode, ``final_success``/``final_test_success`` and ``curve``: held-out
@@ -178,7 +182,7 @@ def run_allocator(spec: str, world: ContrastLabWorld, config: BenchConfig,
         for key in ("effective_ratio", "effective_sample_ratio", "effective_token_ratio", "spent/trajectories",
                     "spent/generated_tokens", "spent/prompts", "time/allocator", "time/predictor"):
             rows.setdefault(key, []).append(float(m[key]))
-        for key in ("predictor/auc", "predictor/root_auc"):
+        for key in ("predictor/auc", "predictor/root_auc", "branch/flip_rate", "branch/pure_trees_mixed"):
             if m.get(key) is not None:
                 rows.setdefault(key, []).append(float(m[key]))
         for a in REPORTED_ADVANTAGES:
@@ -229,6 +233,7 @@ def run_allocator(spec: str, world: ContrastLabWorld, config: BenchConfig,
         "brier": calib["prefixes"]["brier"] if calib else None,
         "own_nodes": own,
         "in_run_auc": {"nodes": mean("predictor/auc"), "roots": mean("predictor/root_auc")},
+        "branch_flips": {"flip_rate": mean("branch/flip_rate"), "pure_trees_mixed": mean("branch/pure_trees_mixed")},
         "ms_per_step": 1e3 * mean("time/allocator"),
         "allocator": spec,
         "predictor": str(step.resolved.predictor_spec) if step.resolved.predictor_spec else None,
