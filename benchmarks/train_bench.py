@@ -110,7 +110,7 @@ def weights_digest(warm_log: Path) -> str | None:
 def curve(run_dir: Path, env_name: str, key: str = "mean@k") -> dict[str, np.ndarray]:
     """Held-out accuracy of a run against cumulative trajectories and tokens, and its per-step
     effective ratio, effective sample ratio (under grpo's advantage), prompts sampled and its
-    predictor's AUC at the roots (steps where it is defined)."""
+    predictor's AUC at the roots and its branch flip rate (steps where they are defined)."""
     recs = run_records(run_dir)
     traj = {0: 0}
     tok = {0: 0}
@@ -131,7 +131,9 @@ def curve(run_dir: Path, env_name: str, key: str = "mean@k") -> dict[str, np.nda
             # how well the predictor ranked the step's prompts before their outcomes (rows without one: empty)
             # (null where the step's roots were all alike)
             "root_auc": np.array([r["predictor/root_auc"] for r in recs
-                                  if r.get("predictor/root_auc") is not None and np.isfinite(r["predictor/root_auc"])])}
+                                  if r.get("predictor/root_auc") is not None and np.isfinite(r["predictor/root_auc"])]),
+            # of the branches in trees whose root rollouts agreed, the share that flipped (steps with such branches)
+            "flip_rate": np.array([r["branch/flip_rate"] for r in recs if r.get("branch/flip_rate") is not None])}
 
 
 def ratio_to_grpo_final(tc: dict[str, np.ndarray], gc: dict[str, np.ndarray], key: str) -> float:
@@ -219,10 +221,13 @@ def compare(curves: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Any]:
 def contrast_table(curves: dict[str, list[dict[str, np.ndarray]]]) -> list[str]:
     """Markdown: per row, the prompts it sampled a step, how many of them were mixed (both a
     success and a failure: the prompts with contrast), its effective sample ratio under
-    grpo's advantage, its predictor's AUC at the roots (blank without a predictor) and its final
+    grpo's advantage, its predictor's AUC at the roots (blank without a predictor), the share of its
+    branches in trees whose root rollouts agreed that flipped the outcome (``branch/flip_rate``;
+    blank for a row that never branches or runs logged before the metric) and its final
     held-out accuracy, means over seeds and steps; then how the final accuracy follows the
     other columns over the rows (Pearson r of the row means)."""
-    head = ["row", "prompts a step", "mixed prompts a step", "ESR (grpo adv.)", "root AUC", "final acc."]
+    head = ["row", "prompts a step", "mixed prompts a step", "ESR (grpo adv.)", "root AUC", "branches flipping a pure tree",
+            "final acc."]
     lines = ["### Contrast: on how many prompts, and on how many trajectories", "", *markdown_table(head)]
     cols: dict[str, list[float]] = {"mixed": [], "esr": [], "final": []}
     for name, cs in curves.items():
@@ -236,7 +241,9 @@ def contrast_table(curves: dict[str, list[dict[str, np.ndarray]]]) -> list[str]:
             cols[k].append(v)
         aucs = [c["root_auc"].mean() for c in runs if c.get("root_auc", np.zeros(0)).size]
         auc = f"{np.mean(aucs):.2f}" if aucs else ""
-        lines.append(f"| {name} | {prompts:.2f} | {mixed:.2f} | {esr:.3f} | {auc} | {final:.3f} |")
+        flips = [c["flip_rate"].mean() for c in runs if c.get("flip_rate", np.zeros(0)).size]
+        flip = f"{100 * np.mean(flips):.1f}%" if flips else ""
+        lines.append(f"| {name} | {prompts:.2f} | {mixed:.2f} | {esr:.3f} | {auc} | {flip} | {final:.3f} |")
     if len(cols["final"]) >= 3:
         r = {k: float(np.corrcoef(cols[k], cols["final"])[0, 1]) for k in ("mixed", "esr")}
         lines += ["", f"over the {len(cols['final'])} rows, Pearson r of the final accuracy with the mixed prompts a step "

@@ -482,6 +482,8 @@ def test_train_bench_reads_every_rows_esr_under_grpos_advantage(tmp_path):
     assert list(tb.curve(run, "ContrastLab-v0")["prompts"]) == [r["spent/prompts"] for r in steps]
     aucs = [r["predictor/root_auc"] for r in steps if r["predictor/root_auc"] is not None]  # None: one class
     assert aucs and list(tb.curve(run, "ContrastLab-v0")["root_auc"]) == aucs
+    flips = [r["branch/flip_rate"] for r in steps if r["branch/flip_rate"] is not None]  # None: no branch in a pure tree
+    assert flips and list(tb.curve(run, "ContrastLab-v0")["flip_rate"]) == flips
     lines = (run / "metrics.jsonl").read_text().splitlines()  # a step whose roots all failed logs null
     (run / "metrics.jsonl").write_text("\n".join([lines[0], lines[1].replace('"predictor/root_auc":', '"predictor/root_auc": null, "x":'), *lines[2:]]))
     assert len(tb.curve(run, "ContrastLab-v0")["root_auc"]) == len(aucs) - 1
@@ -495,16 +497,17 @@ def test_train_bench_counts_the_prompts_with_contrast():
 
     tb = _benchmark_module("train_bench")
 
-    def run(prompts, er, esr, final, auc=()):
+    def run(prompts, er, esr, final, auc=(), flips=()):
         return {"prompts": np.array(prompts, float), "effective_ratio": np.array(er), "effective_sample_ratio": np.array(esr),
-                "acc": np.array([0.3, final]), "root_auc": np.array(auc, float)}
+                "acc": np.array([0.3, final]), "root_auc": np.array(auc, float), "flip_rate": np.array(flips, float)}
 
-    curves = {"trace": [run([6, 6], [0.5, 0.5], [0.6, 0.6], 0.50, [0.5, 0.6]), run([6, 6], [0.5, 0.5], [0.6, 0.6], 0.52, [0.7])],
+    curves = {"trace": [run([6, 6], [0.5, 0.5], [0.6, 0.6], 0.50, [0.5, 0.6], [0.0, 0.1]),
+                        run([6, 6], [0.5, 0.5], [0.6, 0.6], 0.52, [0.7], [0.03])],
               "wide": [run([8, 8], [0.5, 0.25], [0.4, 0.4], 0.55, [0.8, 0.9])],
               "grpo": [run([8, 8], [0.5, 0.5], [0.5, 0.5], 0.60)]}
     text = "\n".join(tb.contrast_table(curves))
-    assert "| trace | 6.00 | 3.00 | 0.600 | 0.62 | 0.510 |" in text and "| wide | 8.00 | 3.00 | 0.400 | 0.85 | 0.550 |" in text
-    assert "| grpo | 8.00 | 4.00 | 0.500 |  | 0.600 |" in text
+    assert "| trace | 6.00 | 3.00 | 0.600 | 0.62 | 4.0% | 0.510 |" in text and "| wide | 8.00 | 3.00 | 0.400 | 0.85 |  | 0.550 |" in text
+    assert "| grpo | 8.00 | 4.00 | 0.500 |  |  | 0.600 |" in text
     r_mixed = np.corrcoef([3, 3, 4], [0.51, 0.55, 0.60])[0, 1]
     r_esr = np.corrcoef([0.6, 0.4, 0.5], [0.51, 0.55, 0.60])[0, 1]
     assert f"mixed prompts a step {r_mixed:+.2f}, with the ESR {r_esr:+.2f}" in text
