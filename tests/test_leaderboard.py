@@ -99,6 +99,13 @@ def test_run_writes_records_leaderboard_and_plots(runs):
     # same per-step prompt count whatever ran before it
     by = {(r.allocator, r.seed): r for r in records}
     assert by[("grpo", 0)].steps[0].metrics["prompts"] == M // 8
+    # how often a branch in a tree whose root rollouts agreed flipped it: trees only
+    for seed in (0, 1):
+        flips = [s.metrics["branch_flip_rate"] for s in by[("trace", seed)].steps if s.metrics["branch_flip_rate"] is not None]
+        assert flips and by[("trace", seed)].final["branch_flip_rate"] == pytest.approx(np.mean(flips))
+        assert by[("grpo", seed)].final["branch_flip_rate"] is None
+    md = (a / "leaderboard.md").read_text()
+    assert "| branch flips |" in md and "branch flips: of the branches in trees whose rollouts from the root all agreed" in md
 
 
 def test_training_track_records_accuracy_against_spend(runs):

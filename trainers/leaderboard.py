@@ -277,6 +277,7 @@ def model_training(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
                        "brier": rec.get("calibration/brier"), "ece": rec.get("calibration/ece"), "auc": rec.get("calibration/auc"),
                        "loss": rec.get("update/loss"), "step_s": rec.get("time/step"), "branches": rec.get("branches"),
                        "prompts": rec.get("spent/prompts"), "failed_trajectories": rec.get("spent/failed_trajectories"),
+                       "branch_flip_rate": rec.get("branch/flip_rate"),
                        # the learning rate after the step's updates: a cut to the first steps checks that it did not decay
                        "lr": rec.get("update/lr")}
             steps.append(StepRecord(step=i, trajectories=traj, tokens=tok, metrics={k: clean_metric(v) for k, v in metrics.items()},

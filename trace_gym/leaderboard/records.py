@@ -39,9 +39,9 @@ RANK_METRIC = {"allocation": "effective_sample_ratio/grpo", "training": "accurac
 
 TABLE_METRICS = {
     "allocation": ["effective_sample_ratio/grpo", "effective_sample_ratio", "effective_ratio", "effective_token_ratio",
-                   "auc_prefix", "auc_root", "brier_prefix", "brier_root", "brier", "ece", "auc", "failed_share"],
+                   "branch_flip_rate", "auc_prefix", "auc_root", "brier_prefix", "brier_root", "brier", "ece", "auc", "failed_share"],
     "training": ["accuracy", "accuracy_gain", "pass_at_k", "effective_ratio", "prompts", "mixed_prompts",
-                 "effective_sample_ratio", "reward_mean", "failed_share"],
+                 "effective_sample_ratio", "branch_flip_rate", "reward_mean", "failed_share"],
 }
 """Final metrics shown in leaderboard tables, per track kind (absent ones are skipped).
 Calibration comes in two kinds: ``auc_prefix``/``auc_root``/``brier_prefix``/``brier_root``,

@@ -24,6 +24,7 @@ METRIC_LABELS = {
     "prompts": "prompts/step",
     "mixed_prompts": "mixed prompts/step",
     "effective_token_ratio": "eff. token ratio",
+    "branch_flip_rate": "branch flips",
     "auc_prefix": "AUC prefixes (eval set)",
     "auc_root": "AUC roots (eval set)",
     "brier_prefix": "Brier prefixes (eval set)",
@@ -104,6 +105,8 @@ LEGEND = {
     "effective_sample_ratio": "eff. sample ratio (own adv.): share of trajectories with a non-zero advantage under the row's advantage estimator (adv.)",
     "effective_token_ratio": "eff. token ratio: the same share of generated policy tokens",
     "effective_ratio": "eff. ratio: share of sampled prompts whose tree holds both a success and a failure",
+    "branch_flip_rate": "branch flips: of the branches in trees whose rollouts from the root all agreed, the share that "
+                        "ended with the other outcome, the contrast branching bought (n/a: the row never branched in such a tree)",
     "prompts": "prompts/step: prompts sampled a step; mixed prompts/step: of them, those whose tree holds both a success "
                "and a failure (prompts x eff. ratio), the prompts whose trajectories carry grpo's advantage",
     "auc_prefix": "AUC and Brier prefixes/roots (eval set): the row's predictor after its run, on the same histories for "

@@ -153,6 +153,7 @@ def step_record(result: StepResult) -> StepRecord:
         "ece": m.get("calibration/ece"), "auc": m.get("calibration/auc"), "reward_mean": m["reward/mean"],
         "prompts": m["spent/prompts"], "branches": m["branches"], "allocator_ms": 1e3 * m["time/allocator"],
         "failed_trajectories": m["spent/failed_trajectories"], "rollout_s": m["time/rollout"], "step_s": m["time/step"],
+        "branch_flip_rate": m.get("branch/flip_rate"),
     }
     for k in ("effective_sample_ratio/grpo", "effective_sample_ratio/trace", "update/loss", "update/sim_grad"):
         if k in m:
@@ -162,7 +163,7 @@ def step_record(result: StepResult) -> StepRecord:
 
 
 ALLOCATION_FINAL = ("effective_ratio", "effective_sample_ratio", "effective_sample_ratio/grpo", "effective_token_ratio", "brier", "ece",
-                    "auc", "allocator_ms")
+                    "auc", "allocator_ms", "branch_flip_rate")
 
 OWN_NODE_CALIBRATION = ("brier", "ece", "auc")
 """Final metrics averaged from the steps' ``calibration/*``: the row's predictor on the nodes
@@ -311,7 +312,7 @@ def eval_steps(track: TrackSpec) -> list[int]:
     return sorted({0, *range(track.eval.every, track.steps + 1, track.eval.every), track.steps})
 
 
-TRAINING_FINAL = ("effective_ratio", "effective_sample_ratio", "effective_token_ratio", "reward_mean")
+TRAINING_FINAL = ("effective_ratio", "effective_sample_ratio", "effective_token_ratio", "reward_mean", "branch_flip_rate")
 
 
 def training_final(steps: Sequence[StepRecord], evals: Sequence[EvalPoint]) -> dict[str, float | None]:
