@@ -200,7 +200,6 @@ def forest_metrics(forest: Forest, adv: np.ndarray, spend: Spend) -> dict[str, A
         "spent/roots": int(spend.roots),
         "branches": int(spend.branches),
         "branch_depth_mean": float(branch_depth.mean()) if branch_depth.size else 0.0,
-        # of the branches in trees whose root rollouts all agreed, the share that disagreed
         "branch/flip_rate": flips["flipped"] / flips["branches"] if flips["branches"] else None,
         "branch/pure_trees_mixed": flips["trees_mixed"] / flips["trees"] if flips["trees"] else None,
         "leaf_depth_mean": float(depth.mean()) if depth.size else 0.0,

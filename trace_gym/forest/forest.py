@@ -442,9 +442,7 @@ class Forest:
         all with one reward, and it holds finished branches (trajectories continued from an
         inner prefix). Returns ``{"trees", "trees_mixed", "branches", "flipped"}``: such
         trees, those among them whose leaves end with two different rewards, their finished
-        branches, and the branches whose reward differs from the root rollouts'. On a pure
-        tree a flipped branch is what buys its contrast; fresh rollouts of new prompts are the
-        alternative the budget had."""
+        branches, and the branches whose reward differs from the root rollouts'."""
         n = self._n_traj
         out = {"trees": 0, "trees_mixed": 0, "branches": 0, "flipped": 0}
         if n == 0:
