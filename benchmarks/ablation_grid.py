@@ -100,6 +100,7 @@ SCOPES = {"prefix": "subtree", "tree": "tree", "mixed": "mixed"}  # active stage
 PREDICTORS = ("beta", "hashed", "hashed:counts=true", "lm:segments=turns")
 ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo", "trace:scale=group")
 ALLOCATION_ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo")  # trace:scale=group counts as trace
+TASKS = 2048  # ContrastLab's train pool here unless --tasks says otherwise
 BASELINES = ("grpo", "uniform", "dapo", "pcl", "knapsack", "greso", "vip", "trace-paper", "oracle", "oracle-er")
 
 
@@ -398,7 +399,7 @@ def _world_text(a: dict[str, Any]) -> str:
     """The run's ContrastLab task pool and settings where they are not the defaults, for a
     table's header ("" if none)."""
     world = a.get("world") or {}
-    pool = f", {a['tasks']} train tasks" if a.get("tasks", 2048) != 2048 else ""
+    pool = f", {a['tasks']} train tasks" if a.get("tasks", TASKS) != TASKS else ""
     return pool + "".join(f", {k}={json.dumps(v)}" for k, v in world.items())
 
 
@@ -444,7 +445,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--prompts", type=int, default=512)
     ap.add_argument("--trajectories", type=int, default=1024)
-    ap.add_argument("--tasks", type=int, default=2048,
+    ap.add_argument("--tasks", type=int, default=TASKS,
                     help="ContrastLab's train tasks (default: %(default)s, each offered every tasks/prompts steps; "
                          "prompts x steps or more: every candidate is new)")
     ap.add_argument("--group-size", type=int, default=8, help="G: grpo's rollouts per prompt (default: %(default)s)")
