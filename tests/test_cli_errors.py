@@ -272,8 +272,11 @@ def _bench_result(names: list[str], spends: list[float]) -> dict:
     row = lambda t: {"effective_ratio": 0.5, "effective_sample_ratio": {"trajectories": 0.4, "tokens": 0.3, "advantage": "trace"},  # noqa: E731
                      "effective_sample_ratio_by_advantage": {"grpo": {"trajectories": 0.4}, "trace": {"trajectories": 0.35}},
                      "trajectories": t, "tokens": 123456.0, "prompts": 64.0, "brier": 0.2, "auc": 0.7, "ms_per_step": 1.5}
-    return {"config": {"trajectories": 10, "prompts": 64, "steps": 5, "difficulty": "beta:0.5,0.5"},
-            "allocators": {n: row(t) for n, t in zip(names, spends)}}
+    out = {"config": {"trajectories": 10, "prompts": 64, "steps": 5, "difficulty": "beta:0.5,0.5"},
+           "allocators": {n: row(t) for n, t in zip(names, spends)}}
+    for n in names[1:]:  # rows that branch
+        out["allocators"][n]["branch_flips"] = {"flip_rate": 0.125, "pure_trees_mixed": 0.25}
+    return out
 
 
 def _column(text: str, index: int) -> str:
@@ -301,6 +304,7 @@ def test_bench_table_never_cuts_names_and_flags_unequal_spend(width):
     assert {"allocator", "adv.", "ESR", "traj/step", "tokens/step", "Brier", "AUC", "ms/step"} <= set(headers)
     assert headers["traj/step"].replace(" ", "").startswith("8.000*")  # grpo spent 8 of 10 ...
     assert headers["tokens/step"].replace(" ", "") == "123,456" * 4
+    assert headers["flips"].replace(" ", "") == "-" + "12.5%" * 3  # grpo never branches
     flat = " ".join(text.split())
     assert "* spent a different number of trajectories per step than most rows (10)" in flat  # ... and it says so
     assert "ESR: effective sample ratio" in flat and "ms/step:" in flat  # the legend

@@ -15,7 +15,9 @@ from trace_gym.sim.difficulty import DEFAULT_DIFFICULTY
 LEGEND = ("eff. ratio: share of sampled prompts whose tree holds a success and a failure; "
           "ESR: effective sample ratio, the share of trajectories with a non-zero advantage, under the row's own "
           "advantage estimator (adv.), and under grpo's (ESR grpo) and trace's (ESR trace) for every row; ESR tok: "
-          "the same share of generated tokens; traj/step, tokens/step, prompts: spent per step; Brier/AUC: the "
+          "the same share of generated tokens; traj/step, tokens/step, prompts: spent per step; flips: of the branches "
+          "in trees whose rollouts from the root all agreed, the share that ended with the other outcome (-: it never "
+          "branched in such a tree); Brier/AUC: the "
           "allocator's predictor against the exact V (-: it predicts nothing); ms/step: allocator time, rollouts excluded.")
 
 
@@ -50,7 +52,7 @@ def print_table(result: dict[str, Any], console: Any = None) -> None:
     title = (f"ContrastLab, M = {cfg['trajectories']} trajectories/step, B = {cfg['prompts']} prompts, "
              f"{cfg['steps']} steps, difficulty {cfg['difficulty']}{world}")
     headers = ["allocator", "adv.", "eff. ratio", "ESR", "ESR tok", "ESR grpo", "ESR trace", "traj/step", "tokens/step",
-               "prompts", "Brier", "AUC", "ms/step"]
+               "prompts", "flips", "Brier", "AUC", "ms/step"]
     spends = [round(r["trajectories"] or 0) for r in result["allocators"].values()]
     counts = sorted((spends.count(x) for x in set(spends)), reverse=True)
     usual = max(set(spends), key=spends.count) if spends and (len(counts) < 2 or counts[0] > counts[1]) else None
@@ -61,7 +63,8 @@ def print_table(result: dict[str, Any], console: Any = None) -> None:
         spent = _fmt(r["trajectories"]) + ("*" if round(r["trajectories"] or 0) != usual else "")
         rows.append([spec, str(esr["advantage"]), _fmt(r["effective_ratio"], True), _fmt(esr["trajectories"], True),
                      _fmt(esr["tokens"], True), _fmt(by["grpo"]["trajectories"], True), _fmt(by["trace"]["trajectories"], True),
-                     spent, _fmt(r["tokens"]), _fmt(r["prompts"]), _fmt(r.get("brier")), _fmt(r.get("auc")),
+                     spent, _fmt(r["tokens"]), _fmt(r["prompts"]), _fmt((r.get("branch_flips") or {}).get("flip_rate"), True),
+                     _fmt(r.get("brier")), _fmt(r.get("auc")),
                      f"{r['ms_per_step']:.1f}"])
     for table in fitted_tables(headers, rows, console.width, title=title, left=("allocator", "adv.")):
         console.print(table)
