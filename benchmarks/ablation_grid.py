@@ -101,6 +101,7 @@ PREDICTORS = ("beta", "hashed", "hashed:counts=true", "lm:segments=turns")
 ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo", "trace:scale=group")
 ALLOCATION_ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo")  # trace:scale=group counts as trace
 TASKS = 2048  # ContrastLab's train pool here unless --tasks says otherwise
+GROUP_SIZE = 8  # G unless --group-size says otherwise
 BASELINES = ("grpo", "uniform", "dapo", "pcl", "knapsack", "greso", "vip", "trace-paper", "oracle", "oracle-er")
 
 
@@ -141,7 +142,7 @@ def _config(args: argparse.Namespace, seed: int, learn: float):
                        shared_lr=args.shared_lr if learn > 0 else 0.1,
                        normalize=not args.sgd, prefix_weight=args.prefix_weight if learn > 0 else 0.0,
                        eval_prompts=args.eval_prompts, world=getattr(args, "world", None) or {},
-                       group_size=getattr(args, "group_size", 8))
+                       group_size=getattr(args, "group_size", GROUP_SIZE))
 
 
 _WORLDS: dict[int, Any] = {}
@@ -225,6 +226,11 @@ def run_part(args: argparse.Namespace, learn: float, rows: list[dict[str, Any]],
     return {key: dict(sorted(out[key].items())) for key in order}
 
 
+def _mean_text(values: list[float | None], scale: float = 1.0, digits: int = 3) -> str:
+    """The mean over seeds of a figure, times ``scale``; "-" where some seed lacks it."""
+    return "-" if None in values else f"{scale * statistics.fmean(values):.{digits}f}"
+
+
 def allocation_table(runs: dict[str, dict[int, Any]]) -> list[str]:
     """Markdown rows of the allocation part, ranked by the effective sample ratio under grpo's advantage."""
     head = ["rank", "row", "eff. ratio %"] + [f"ESR ({a} adv.) %" for a in ALLOCATION_ADVANTAGES] + \
@@ -239,9 +245,7 @@ def allocation_table(runs: dict[str, dict[int, Any]]) -> list[str]:
         rows.append((esr["grpo"][0], [key, fmt(interval([r["effective_ratio"] for r in rs]), True)]
                      + [fmt(esr[a], True) for a in ALLOCATION_ADVANTAGES]
                      + [f"{statistics.fmean(r['tokens'] for r in rs):,.0f}", f"{statistics.fmean(r['prompts'] for r in rs):.0f}",
-                        " / ".join("-" if None in v else f"{statistics.fmean(v):.3f}" for v in aucs.values()),
-                        "-" if None in in_run else f"{statistics.fmean(in_run):.3f}",
-                        "-" if None in flips else f"{100 * statistics.fmean(flips):.1f}"]))
+                        " / ".join(_mean_text(v) for v in aucs.values()), _mean_text(in_run), _mean_text(flips, 100.0, 1)]))
     rows.sort(key=lambda x: -x[0])
     lines = markdown_table(head)
     lines += [f"| {i + 1} | " + " | ".join(r) + " |" for i, (_, r) in enumerate(rows)]
@@ -412,7 +416,7 @@ def render(out: dict[str, Any], against: str | None = None) -> list[str]:
     if "allocation" in out:
         runs = _by_seed(out["allocation"])
         md += [f"### Allocation (frozen policy, difficulty {a['difficulty']}{_world_text(a)}, M = {a['trajectories']}, "
-               f"G = {a.get('group_size', 8)}, {a['steps']} steps, "
+               f"G = {a.get('group_size', GROUP_SIZE)}, {a['steps']} steps, "
                f"seeds {a['seeds']}; ranked by the effective sample ratio under grpo's advantage; mean ± 95% interval)", ""]
         md += allocation_table(runs) + [""]
         if against in runs:
@@ -423,7 +427,7 @@ def render(out: dict[str, Any], against: str | None = None) -> list[str]:
         g = summary["grpo"]
         md += [f"### Learning (ContrastLab learning mode, {'plain SGD' if a['sgd'] else 'scale-free steps'}, lr {a['lr']}, "
                f"shared lr {a['shared_lr']}, prefix weight {a.get('prefix_weight', 0.0)}, difficulty {a['difficulty']}{_world_text(a)}, "
-               f"M = {a['trajectories']}, G = {a.get('group_size', 8)}, {a['steps']} steps, seeds {a['seeds']}; held-out accuracy {g['initial_test_success']:.3f} at the start, "
+               f"M = {a['trajectories']}, G = {a.get('group_size', GROUP_SIZE)}, {a['steps']} steps, seeds {a['seeds']}; held-out accuracy {g['initial_test_success']:.3f} at the start, "
                f"grpo ends at {statistics.fmean(g['final_test_success']):.3f}; ranked by the tokens needed to reach grpo's "
                "final held-out accuracy, as a multiple of grpo's; mean ± 95% interval)", ""]
         md += learning_table(summary) + [""]
@@ -448,7 +452,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tasks", type=int, default=TASKS,
                     help="ContrastLab's train tasks (default: %(default)s, each offered every tasks/prompts steps; "
                          "prompts x steps or more: every candidate is new)")
-    ap.add_argument("--group-size", type=int, default=8, help="G: grpo's rollouts per prompt (default: %(default)s)")
+    ap.add_argument("--group-size", type=int, default=GROUP_SIZE, help="G: grpo's rollouts per prompt (default: %(default)s)")
     ap.add_argument("--eval-prompts", type=int, default=512)
     ap.add_argument("--m-min", default="budget",
                     help="the grid cells' stage-1 group minimum (trace's m_min: an integer, 'budget' = the paper's 2, or "
@@ -490,8 +494,9 @@ def main(argv: list[str] | None = None) -> None:
 
     try:  # a bad world setting fails here, not in every worker
         args.world = world_settings(args.world)
-        _config(args, 0, args.lr).validate()
-        check_world(_config(args, 0, args.lr))
+        config = _config(args, 0, args.lr)
+        config.validate()
+        check_world(config)
     except (UsageError, ValueError) as e:
         ap.error(str(e))
     predictors = tuple(p for p in args.predictors.split(",") if p)

@@ -462,12 +462,8 @@ class Forest:
         np.maximum.at(hi, tree[root], r[root])
         pure = (n_root >= 2) & (lo == hi)
         counted = done & branch & pure[tree]
-        has_branch = np.bincount(tree[counted], minlength=k) > 0
-        trees = pure & has_branch
         flipped = counted & (r != lo[tree])
-        mixed = np.zeros(k, dtype=bool)
-        mixed[tree[flipped]] = True
-        out.update(trees=int(trees.sum()), trees_mixed=int((trees & mixed).sum()),
+        out.update(trees=int(np.unique(tree[counted]).size), trees_mixed=int(np.unique(tree[flipped]).size),
                    branches=int(counted.sum()), flipped=int(flipped.sum()))
         return out
 
