@@ -19,6 +19,16 @@ prefixes compete is ``scope``: every one (``"subtree"``, the paper's and the def
 those of trees stage 1 already found mixed (``"mixed"``: every branch lands where GRPO's
 advantage is non-zero), or only those of trees still pure (``"tree"``: mixing more prompts).
 
+``stage2="posterior"`` scores a pure prefix under the posterior of its value given the ``n``
+equal outcomes already below it, ``V ~ Beta(c v + n [r = 1], c (1 - v) + n [r = 0])``, and
+:func:`~trace_gym.allocation.solvers.solve_prefixes_beta` maximises the same expected number of
+newly mixed prefixes under it. The concentration ``c`` is fitted by maximum likelihood to the
+run's own branches (:mod:`~trace_gym.allocation.prefix_evidence`), one per depth (0, 1, 2, and
+one for deeper prefixes; a depth with fewer than ``EVIDENCE_MIN`` groups uses the pooled fit),
+on the last ``EVIDENCE_MEMORY`` groups; before any evidence it is ``inf``, the paper's point
+estimate. Where a prefix's outcome is settled once it is written (small ``c``), stage 2 moves
+its budget to prefixes that can still disagree, such as fresh rollouts of a still-pure prompt.
+
 Either stage set to ``"uniform"`` uses the :mod:`uniform <trace_gym.allocators.uniform>`
 allocator's rule instead, and ``stage2="none"`` gives stage 1 the whole budget: that is the
 ablation grid (``benchmarks/ablation_grid.py``). Predictions are written to
@@ -32,7 +42,9 @@ by :func:`trace_gym.run.defaults`), with stage-1 groups of at least G/2 (measure
 paper's pairs in the README's "Stage-1 groups"). The paper's exact rule, with the tree-aware
 advantage, is ``trace-paper`` (:class:`TracePaperAllocator`). Stage 2 over the pure prefixes of
 mixed trees only (``scope="mixed"``) learns faster in ContrastLab's learning mode but slower on
-the quick preset's real model, which decides. The figures and why the default differs: the
+the quick preset's real model, which decides. ``stage2="posterior"`` mixes more prompts than the
+default on the quick preset's real model and trains no better on more tokens, and ties or
+trails it in ContrastLab's learning mode. The figures and why the default differs: the
 README's "Measured" and "Design notes".
 
 Options beyond the paper's single pass:
@@ -88,10 +100,15 @@ from trace_gym.allocators import register
 from trace_gym.allocators.uniform import uniform_prefixes, uniform_roots
 from trace_gym.forest.forest import TERMINAL, Forest
 from trace_gym.predictors.base import histories_for
-from trace_gym.allocation.solvers import solve_prefixes, solve_roots
+from trace_gym.allocation.prefix_evidence import BranchEvidence, branch_evidence, fit_concentration
+from trace_gym.allocation.solvers import solve_prefixes, solve_prefixes_beta, solve_roots
+
+EVIDENCE_MEMORY = 4096  # most recent branch groups stage2="posterior" fits its concentrations on
+EVIDENCE_MIN = 30  # groups a depth needs before it gets its own concentration (else the pooled one)
+EVIDENCE_DEPTHS = 3  # depths 0, 1, 2 get their own concentration; deeper prefixes share one
 
 STAGES1 = ("uniform", "active", "paper", "posterior")
-STAGES2 = ("none", "uniform", "active")
+STAGES2 = ("none", "uniform", "active", "posterior")
 STAGES = ("uniform", "active")  # the values both stages take
 M_MIN_RULES = ("budget", "half-group")
 SCOPES = ("subtree", "mixed", "tree")  # stage 2's candidates (see ``scope``)
@@ -207,7 +224,9 @@ class TraceAllocator(Allocator):
             when ``uncertainty`` is on), ``"paper"`` (active at the point estimate, the
             paper's rule, whatever ``uncertainty`` says), ``"posterior"`` (active under the
             predictive distribution) or ``"uniform"``.
-        stage2: ``"active"`` (predictor + greedy solver), ``"uniform"``, or ``"none"`` (no
+        stage2: ``"active"`` (predictor + greedy solver), ``"posterior"`` (the same, with each
+            prefix's value conditioned on the outcomes below it, at concentrations fitted to
+            the run's branches; see the module docstring), ``"uniform"``, or ``"none"`` (no
             branching: stage 1 spends the whole budget, as if ``root_fraction`` were 1).
         k_max: most continuations from one prefix in stage 2 (0: no cap).
         rounds: stage 2 spends its budget in this many equal rounds, re-planning after each
@@ -272,6 +291,35 @@ class TraceAllocator(Allocator):
             self.stage1, self.uncertainty = "active", stage1 == "posterior"
         self._round = 0  # stage-2 rounds played in the current step
         self._rescued = 0  # rescue rounds played in the current step
+        self.evidence = BranchEvidence.empty()
+        """``stage2="posterior"``: the branch groups its concentrations are fitted on."""
+        self.concentration = np.full(EVIDENCE_DEPTHS + 1, np.inf)
+        """``stage2="posterior"``: the fitted ``c`` of prefixes at depth 0, 1, 2 and deeper."""
+
+    def observe(self, forest: Forest) -> None:
+        if self.stage2 != "posterior":
+            return
+        self.evidence = self.evidence.concat(branch_evidence(forest)).tail(EVIDENCE_MEMORY)
+        self._fit()
+
+    def _fit(self) -> None:
+        pooled = fit_concentration(self.evidence) if len(self.evidence) >= EVIDENCE_MIN else np.inf
+        bucket = np.minimum(self.evidence.depth, EVIDENCE_DEPTHS)
+        for d in range(EVIDENCE_DEPTHS + 1):
+            mine = bucket == d
+            self.concentration[d] = fit_concentration(self.evidence.where(mine)) if mine.sum() >= EVIDENCE_MIN else pooled
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.stage2 == "posterior":
+            state["evidence"] = self.evidence.to_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if "evidence" in state:
+            self.evidence = BranchEvidence.from_dict(state["evidence"])
+            self._fit()
 
     def values(self, forest: Forest, nodes: np.ndarray, predictor: Any | None) -> np.ndarray:
         """V(H) of ``nodes`` as the allocator sees it (here: the predictor's), also stored in
@@ -382,7 +430,11 @@ class TraceAllocator(Allocator):
         if nodes.size == 0:
             return uniform_prefixes(forest, remaining, self.rng)
         v = self.values(forest, nodes, predictor)
-        ks = solve_prefixes(v, forest.leaf_min[nodes], remaining, self.k_max)
+        if self.stage2 == "posterior":
+            c = self.concentration[np.minimum(forest.depth[nodes], EVIDENCE_DEPTHS)]
+            ks = solve_prefixes_beta(v, forest.leaf_min[nodes], forest.n_leaves[nodes], c, remaining, self.k_max)
+        else:
+            ks = solve_prefixes(v, forest.leaf_min[nodes], remaining, self.k_max)
         keep = ks > 0
         return list(zip(nodes[keep].tolist(), ks[keep].tolist()))
 

@@ -133,7 +133,12 @@ def curve(run_dir: Path, env_name: str, key: str = "mean@k") -> dict[str, np.nda
             "root_auc": np.array([r["predictor/root_auc"] for r in recs
                                   if r.get("predictor/root_auc") is not None and np.isfinite(r["predictor/root_auc"])]),
             # of the branches in trees whose root rollouts agreed, the share that flipped (steps with such branches)
-            "flip_rate": np.array([r["branch/flip_rate"] for r in recs if r.get("branch/flip_rate") is not None])}
+            "flip_rate": np.array([r["branch/flip_rate"] for r in recs if r.get("branch/flip_rate") is not None]),
+            # continuations from pure prefixes: the predictor's chance that one disagrees with what the
+            # prefix had shown, and the share that did (fresh rollouts of a pure prompt; turn-level prefixes)
+            **{f"{kind}_disagree": np.array([(r[f"branch/{kind}_disagree_pred"], r[f"branch/{kind}_disagree_seen"])
+                                             for r in recs if r.get(f"branch/{kind}_disagree_seen") is not None]).reshape(-1, 2)
+               for kind in ("root", "inner")}}
 
 
 def ratio_to_grpo_final(tc: dict[str, np.ndarray], gc: dict[str, np.ndarray], key: str) -> float:
@@ -223,10 +228,14 @@ def contrast_table(curves: dict[str, list[dict[str, np.ndarray]]]) -> list[str]:
     success and a failure: the prompts with contrast), its effective sample ratio under
     grpo's advantage, its predictor's AUC at the roots (blank without a predictor), the share of its
     branches in trees whose root rollouts agreed that flipped the outcome (``branch/flip_rate``;
-    blank for a row that never branches or runs logged before the metric) and its final
+    blank for a row that never branches or runs logged before the metric), how often its
+    continuations from pure prefixes were predicted to disagree with the outcome the prefix had
+    shown and how often they did (``branch/{root,inner}_disagree_{pred,seen}``: fresh rollouts of a
+    still-pure prompt, continuations of a turn-level prefix; blank likewise) and its final
     held-out accuracy, means over seeds and steps; then how the final accuracy follows the
     other columns over the rows (Pearson r of the row means)."""
     head = ["row", "prompts a step", "mixed prompts a step", "ESR (grpo adv.)", "root AUC", "branches flipping a pure tree",
+            "pure prompt, fresh rollout: disagrees pred. / seen", "pure turn-level prefix, continuation: disagrees pred. / seen",
             "final acc."]
     lines = ["### Contrast: on how many prompts, and on how many trajectories", "", *markdown_table(head)]
     cols: dict[str, list[float]] = {"mixed": [], "esr": [], "final": []}
@@ -243,7 +252,12 @@ def contrast_table(curves: dict[str, list[dict[str, np.ndarray]]]) -> list[str]:
         auc = f"{np.mean(aucs):.2f}" if aucs else ""
         flips = [c["flip_rate"].mean() for c in runs if c.get("flip_rate", np.zeros(0)).size]
         flip = f"{100 * np.mean(flips):.1f}%" if flips else ""
-        lines.append(f"| {name} | {prompts:.2f} | {mixed:.2f} | {esr:.3f} | {auc} | {flip} | {final:.3f} |")
+        disagree = []
+        for kind in ("root", "inner"):
+            steps = [c[f"{kind}_disagree"] for c in runs if c.get(f"{kind}_disagree", np.zeros((0, 2))).size]
+            pred, seen = np.mean([x.mean(axis=0) for x in steps], axis=0) if steps else (None, None)
+            disagree.append(f"{100 * pred:.1f}% / {100 * seen:.1f}%" if steps else "")
+        lines.append(f"| {name} | {prompts:.2f} | {mixed:.2f} | {esr:.3f} | {auc} | {flip} | {disagree[0]} | {disagree[1]} | {final:.3f} |")
     if len(cols["final"]) >= 3:
         r = {k: float(np.corrcoef(cols[k], cols["final"])[0, 1]) for k in ("mixed", "esr")}
         lines += ["", f"over the {len(cols['final'])} rows, Pearson r of the final accuracy with the mixed prompts a step "

@@ -42,6 +42,10 @@ def test_bench_cli_writes_the_documented_json(tmp_path, capsys):
     assert all(0 <= data["allocators"]["trace"]["in_run_auc"][k] <= 1 for k in ("nodes", "roots"))
     assert data["allocators"]["grpo"]["branch_flips"] == {"flip_rate": None, "pure_trees_mixed": None}  # never branches
     assert all(0 <= data["allocators"]["trace"]["branch_flips"][k] <= 1 for k in ("flip_rate", "pure_trees_mixed"))
+    keys = {"root_pred", "root_seen", "inner_pred", "inner_seen"}
+    assert data["allocators"]["grpo"]["disagreement"] == dict.fromkeys(keys)  # no continuation from a pure prefix
+    assert set(data["allocators"]["trace"]["disagreement"]) == keys
+    assert all(0 <= data["allocators"]["trace"]["disagreement"][k] <= 1 for k in ("inner_pred", "inner_seen"))
     # one evaluation set for every row: the same histories, roots and prefixes apart, and the references beside them
     cal = {k: data["allocators"][k]["calibration"] for k in ("trace", "trace:stage1=uniform", "oracle")}
     assert len({(c["roots"]["n"], c["prefixes"]["n"]) for c in cal.values()}) == 1
@@ -484,6 +488,11 @@ def test_train_bench_reads_every_rows_esr_under_grpos_advantage(tmp_path):
     assert aucs and list(tb.curve(run, "ContrastLab-v0")["root_auc"]) == aucs
     flips = [r["branch/flip_rate"] for r in steps if r["branch/flip_rate"] is not None]  # None: no branch in a pure tree
     assert flips and list(tb.curve(run, "ContrastLab-v0")["flip_rate"]) == flips
+    for kind in ("root", "inner"):  # stage 2's calibration: predicted and seen disagreement, steps that have it
+        pairs = [[r[f"branch/{kind}_disagree_pred"], r[f"branch/{kind}_disagree_seen"]] for r in steps
+                 if r[f"branch/{kind}_disagree_seen"] is not None]
+        assert pairs and tb.curve(run, "ContrastLab-v0")[f"{kind}_disagree"].tolist() == pairs
+        assert all(0 <= x <= 1 for pair in pairs for x in pair)
     lines = (run / "metrics.jsonl").read_text().splitlines()  # a step whose roots all failed logs null
     (run / "metrics.jsonl").write_text("\n".join([lines[0], lines[1].replace('"predictor/root_auc":', '"predictor/root_auc": null, "x":'), *lines[2:]]))
     assert len(tb.curve(run, "ContrastLab-v0")["root_auc"]) == len(aucs) - 1
@@ -497,17 +506,20 @@ def test_train_bench_counts_the_prompts_with_contrast():
 
     tb = _benchmark_module("train_bench")
 
-    def run(prompts, er, esr, final, auc=(), flips=()):
+    def run(prompts, er, esr, final, auc=(), flips=(), inner=()):
         return {"prompts": np.array(prompts, float), "effective_ratio": np.array(er), "effective_sample_ratio": np.array(esr),
-                "acc": np.array([0.3, final]), "root_auc": np.array(auc, float), "flip_rate": np.array(flips, float)}
+                "acc": np.array([0.3, final]), "root_auc": np.array(auc, float), "flip_rate": np.array(flips, float),
+                "inner_disagree": np.array(inner, float).reshape(-1, 2)}
 
-    curves = {"trace": [run([6, 6], [0.5, 0.5], [0.6, 0.6], 0.50, [0.5, 0.6], [0.0, 0.1]),
-                        run([6, 6], [0.5, 0.5], [0.6, 0.6], 0.52, [0.7], [0.03])],
+    curves = {"trace": [run([6, 6], [0.5, 0.5], [0.6, 0.6], 0.50, [0.5, 0.6], [0.0, 0.1], [[0.5, 0.1], [0.3, 0.0]]),
+                        run([6, 6], [0.5, 0.5], [0.6, 0.6], 0.52, [0.7], [0.03], [[0.6, 0.2]])],
               "wide": [run([8, 8], [0.5, 0.25], [0.4, 0.4], 0.55, [0.8, 0.9])],
               "grpo": [run([8, 8], [0.5, 0.5], [0.5, 0.5], 0.60)]}
     text = "\n".join(tb.contrast_table(curves))
-    assert "| trace | 6.00 | 3.00 | 0.600 | 0.62 | 4.0% | 0.510 |" in text and "| wide | 8.00 | 3.00 | 0.400 | 0.85 |  | 0.550 |" in text
-    assert "| grpo | 8.00 | 4.00 | 0.500 |  |  | 0.600 |" in text
+    # inner disagreement: step means per run (0.4 / 0.05 and 0.6 / 0.2), then their mean over runs
+    assert "| trace | 6.00 | 3.00 | 0.600 | 0.62 | 4.0% |  | 50.0% / 12.5% | 0.510 |" in text
+    assert "| wide | 8.00 | 3.00 | 0.400 | 0.85 |  |  |  | 0.550 |" in text
+    assert "| grpo | 8.00 | 4.00 | 0.500 |  |  |  |  | 0.600 |" in text
     r_mixed = np.corrcoef([3, 3, 4], [0.51, 0.55, 0.60])[0, 1]
     r_esr = np.corrcoef([0.6, 0.4, 0.5], [0.51, 0.55, 0.60])[0, 1]
     assert f"mixed prompts a step {r_mixed:+.2f}, with the ESR {r_esr:+.2f}" in text

@@ -101,7 +101,8 @@ def test_uninterrupted_run_learns_and_logs_every_metric(reference):
     for key in ("effective_ratio", "effective_sample_ratio", "reward/mean", "reward/std", "predictor/brier", "predictor/ece",
                 "predictor/auc", "branches", "depth_hist", "spent/trajectories", "spent/generated_tokens", "spent/tool_calls",
                 "time/rollout", "time/update", "update/clip_low", "update/clip_high", "update/entropy", "update/kl",
-                "update/grad_norm", "branch/flip_rate", "branch/pure_trees_mixed"):
+                "update/grad_norm", "branch/flip_rate", "branch/pure_trees_mixed", "branch/root_disagree_pred",
+                "branch/root_disagree_seen", "branch/inner_disagree_pred", "branch/inner_disagree_seen"):
         assert key in first, key
     assert all(0 < r["spent/trajectories"] <= 16 for r in steps)  # never over the budget
     assert 0 < first["reward/mean"] < 1 and first["effective_ratio"] > 0  # mixed groups: real contrast

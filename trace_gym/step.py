@@ -33,6 +33,7 @@ import numpy as np
 from trace_gym.allocation.budget import Spend
 from trace_gym.allocation.allocator import allocate_step
 from trace_gym.allocation.streaming import allocate_step_streaming
+from trace_gym.allocation.prefix_evidence import BranchEvidence, branch_evidence
 from trace_gym.forest.forest import TERMINAL, Forest
 from trace_gym.predictors.calibration import calibration
 from trace_gym.run import Resolved, RunSpec, resolve_run
@@ -202,9 +203,26 @@ def forest_metrics(forest: Forest, adv: np.ndarray, spend: Spend) -> dict[str, A
         "branch_depth_mean": float(branch_depth.mean()) if branch_depth.size else 0.0,
         "branch/flip_rate": flips["flipped"] / flips["branches"] if flips["branches"] else None,
         "branch/pure_trees_mixed": flips["trees_mixed"] / flips["trees"] if flips["trees"] else None,
+        **disagreement_metrics(branch_evidence(forest)),
         "leaf_depth_mean": float(depth.mean()) if depth.size else 0.0,
         "depth_hist": hist.tolist(),
     }
+
+
+def disagreement_metrics(evidence: BranchEvidence) -> dict[str, float | None]:
+    """Stage 2's calibration, from a step's continuations started from pure prefixes: the
+    share of them that ended with another outcome than the prefix had shown
+    (``branch/{root,inner}_disagree_seen``) against the predictor's chance of it
+    (``..._pred``, ``1 - (r v + (1 - r)(1 - v))``, what the paper's stage 2 maximises on);
+    ``root``: fresh rollouts of a still-pure prompt, ``inner``: continuations of a turn-level
+    prefix. None where the step has no such continuation."""
+    out: dict[str, float | None] = {}
+    for kind, mask in (("root", evidence.depth == 0), ("inner", evidence.depth > 0)):
+        t = evidence.t[mask]
+        total = float(t.sum())
+        out[f"branch/{kind}_disagree_pred"] = float(np.dot(1.0 - evidence.agree[mask], t) / total) if total else None
+        out[f"branch/{kind}_disagree_seen"] = float(evidence.s[mask].sum() / total) if total else None
+    return out
 
 
 def allocator_predictions(forest: Forest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

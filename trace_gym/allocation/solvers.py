@@ -10,6 +10,11 @@ Stage 2, :func:`solve_prefixes`: continuations per prefix,
     maximise  sum_j V_pref(v_j, r_j, k_j),  V_pref(v, r, k) = 1 - (r v + (1-r)(1-v))^k
     s.t.      0 <= k_j <= k_max,   sum_j k_j <= budget.
 
+:func:`solve_prefixes_beta` is stage 2 with each prefix's value uncertain: ``V ~ Beta(c v,
+c (1 - v))`` updated with the ``n`` outcomes already seen below the prefix (all equal to
+``r``, the prefix being pure), so the chance that ``k`` more continuations all agree with
+them is ``prod_{j<k} (A + j) / (c + n + j)``, ``A = c (r v + (1-r)(1-v)) + n``.
+
 Stage 2 is separable and concave in k: taking the largest marginal gain from a heap, one
 unit at a time, is optimal. Stage 1 is not concave at the start (V_root(v, 1) = 0, so the
 first ``m_min`` units of a prompt only pay off together), and neither the unit greedy nor
@@ -43,7 +48,7 @@ import operator
 import numba as nb
 import numpy as np
 
-__all__ = ["solve_roots", "solve_prefixes", "v_root", "v_pref"]
+__all__ = ["solve_roots", "solve_prefixes", "solve_prefixes_beta", "v_root", "v_pref", "v_pref_beta"]
 
 # Two stage-1 candidates whose objectives differ by less than this (relative) are a tie.
 _TIE_RTOL = 1e-13
@@ -64,6 +69,25 @@ def v_pref(v, r, k):
     r = np.asarray(r, dtype=np.float64)
     s = np.clip(r * v + (1.0 - r) * (1.0 - v), 0.0, 1.0)
     return 1.0 - s ** np.asarray(k)
+
+
+def v_pref_beta(v, r, n, c, k):
+    """V_pref under uncertainty: the chance that at least one of ``k`` continuations from a
+    prefix disagrees with the ``n`` equal outcomes ``r`` already seen below it, when the
+    prefix's value is ``Beta(c v, c (1-v))`` before them (``c = inf``: :func:`v_pref`).
+    Vectorised over equal-shaped arrays; ``k`` up to a few hundred."""
+    v, r, n, c, k = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (v, r, n, c, k)))
+    s = np.clip(r * v + (1.0 - r) * (1.0 - v), 0.0, 1.0)
+    out = np.empty(v.shape)
+    point = np.isinf(c)
+    out[point] = 1.0 - s[point] ** k[point]
+    if np.any(~point):
+        cc, nn, kk = c[~point], n[~point], k[~point]
+        a = cc * s[~point] + nn
+        j = np.arange(int(kk.max()) if kk.size else 0)
+        terms = np.where(j[None, :] < kk[..., None], (a[..., None] + j) / (cc[..., None] + nn[..., None] + j), 1.0)
+        out[~point] = 1.0 - np.prod(terms, axis=-1)
+    return out
 
 
 # ----------------------------------------------------------------------------- heap
@@ -284,35 +308,75 @@ def solve_roots(v: np.ndarray, budget: int, m_min: int = 2, m_max: int = 0) -> n
 # ----------------------------------------------------------------------------- stage 2
 
 @nb.njit(cache=True, nogil=True)
-def _solve_prefixes_kernel(v, r, budget, k_max):
-    n = v.shape[0]
-    out = np.zeros(n, dtype=np.int64)
-    if n == 0 or budget <= 0:
+def _solve_prefixes_kernel(s, n, c, budget, k_max):
+    """The unit greedy of both stage-2 solvers (``c = inf``: the point estimate ``s``)."""
+    m = s.shape[0]
+    out = np.zeros(m, dtype=np.int64)
+    if m == 0 or budget <= 0:
         return out
     cap = k_max if k_max > 0 else budget
-    s = np.empty(n)
-    pw = np.ones(n)  # s^(k-1) for the next unit k
-    key = np.empty(n)
-    heap = np.empty(n, dtype=np.int64)
-    for j in range(n):
-        x = r[j] * v[j] + (1.0 - r[j]) * (1.0 - v[j])
-        s[j] = min(max(x, 0.0), 1.0)
-        key[j] = 1.0 - s[j]
+    agree = np.empty(m)  # chance that all units so far agree
+    key = np.empty(m)
+    heap = np.empty(m, dtype=np.int64)
+    for j in range(m):
+        agree[j] = 1.0
+        key[j] = 1.0 - _q(s[j], n[j], c[j], 0)
         heap[j] = j
-    size = n
+    size = m
     _heapify(heap, size, key)
     spent = 0
     while spent < budget and size > 0:
         j = heap[0]
+        agree[j] *= _q(s[j], n[j], c[j], out[j])
         out[j] += 1
         spent += 1
-        pw[j] *= s[j]
-        key[j] = pw[j] * (1.0 - s[j])
+        key[j] = agree[j] * (1.0 - _q(s[j], n[j], c[j], out[j]))
         if out[j] >= cap:
             size = _pop_top(heap, size, key)
         else:
             _sift_down(heap, size, 0, key)
     return out
+
+
+@nb.njit(cache=True, nogil=True)
+def _q(s, n, c, k):
+    """Chance that continuation k + 1 agrees, given that the k before it and the n seen did."""
+    if np.isinf(c):
+        return s
+    return (c * s + n + k) / (c + n + k)
+
+
+def solve_prefixes_beta(v: np.ndarray, r: np.ndarray, n: np.ndarray, concentration: np.ndarray, budget: int,
+                        k_max: int = 0) -> np.ndarray:
+    """Stage 2 under uncertainty: continuations per prefix, the exact maximiser of
+    ``sum_j v_pref_beta(v_j, r_j, n_j, c_j, k_j)``.
+
+    Args:
+        v: predicted value of each prefix (the prior mean), in [0, 1].
+        r: the observed outcome below each prefix, in [0, 1].
+        n: how many finished leaves below each prefix share that outcome (>= 0).
+        concentration: ``c`` of each prefix's Beta prior, > 0; ``inf`` gives the point
+            estimate, so all-``inf`` returns exactly :func:`solve_prefixes`.
+        budget, k_max: as for :func:`solve_prefixes`.
+
+    Returns:
+        int64 array ``k`` as :func:`solve_prefixes`. The objective stays concave in ``k``
+        (each further agreement is likelier than the one before it), so the unit greedy is
+        optimal.
+    """
+    v = _as_probabilities(v, "v")
+    r = _as_probabilities(r, "r")
+    n = np.asarray(n, dtype=np.float64)
+    c = np.asarray(concentration, dtype=np.float64)
+    if not (v.shape == r.shape == n.shape == c.shape):
+        raise ValueError(f"v, r, n and concentration must have one length, got {v.shape}, {r.shape}, {n.shape} and {c.shape}")
+    if np.any(~(n >= 0)):
+        raise ValueError("n (outcomes seen below each prefix) must be >= 0")
+    if np.any(~(c > 0)):
+        raise ValueError("concentrations must be positive (inf for a point estimate)")
+    budget = _as_budget(budget)
+    s = np.clip(r * v + (1.0 - r) * (1.0 - v), 0.0, 1.0)
+    return _solve_prefixes_kernel(s, n, c, budget, operator.index(k_max))
 
 
 def solve_prefixes(v: np.ndarray, r: np.ndarray, budget: int, k_max: int = 0) -> np.ndarray:
@@ -336,5 +400,5 @@ def solve_prefixes(v: np.ndarray, r: np.ndarray, budget: int, k_max: int = 0) ->
     if v.shape != r.shape:
         raise ValueError(f"v and r must have the same length, got {v.shape[0]} and {r.shape[0]}")
     budget = _as_budget(budget)
-    k_max = operator.index(k_max)
-    return _solve_prefixes_kernel(v, r, budget, k_max)
+    s = np.clip(r * v + (1.0 - r) * (1.0 - v), 0.0, 1.0)
+    return _solve_prefixes_kernel(s, np.zeros(v.size), np.full(v.size, np.inf), budget, operator.index(k_max))

@@ -32,6 +32,11 @@ Figures per allocator (means over steps unless noted):
   branch in a tree whose root rollouts agreed ended with the other outcome, and how often
   such a tree ended mixed (:meth:`~trace_gym.forest.forest.Forest.branch_flips`; ``None``
   for allocators that never branch);
+* ``disagreement``: ``{"root_pred", "root_seen", "inner_pred", "inner_seen"}``, the step means
+  of stage 2's calibration (:func:`trace_gym.step.disagreement_metrics`: continuations from
+  pure prefixes, the predictor's chance that one disagrees with what the prefix had shown and
+  the share that did; ``root``: fresh rollouts of a still-pure prompt, ``inner``: turn-level
+  prefixes; ``None`` where the run had none);
 * ``ms_per_step``: the allocator's own time (rollouts excluded);
 * ``steps``: per-step effective ratio, effective sample ratio and spend;
 * in learning mode, ``final_success``/``final_test_success`` and ``curve``: held-out
@@ -65,6 +70,7 @@ from trace_gym.step import Step
 DEFAULT_ALLOCATORS = "grpo,uniform,trace,trace:stage1=uniform,trace:stage2=uniform,dapo,pcl,knapsack,greso,vip,oracle,oracle-er"
 
 REPORTED_ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo")
+DISAGREEMENT = tuple((kind, what) for kind in ("root", "inner") for what in ("pred", "seen"))
 """Estimators under which every row's effective sample ratio is reported (a scaled ``trace``
 has the non-zero pattern of ``trace``, hence the same ratio)."""
 
@@ -182,7 +188,8 @@ def run_allocator(spec: str, world: ContrastLabWorld, config: BenchConfig,
         for key in ("effective_ratio", "effective_sample_ratio", "effective_token_ratio", "spent/trajectories",
                     "spent/generated_tokens", "spent/prompts", "time/allocator", "time/predictor"):
             rows.setdefault(key, []).append(float(m[key]))
-        for key in ("predictor/auc", "predictor/root_auc", "branch/flip_rate", "branch/pure_trees_mixed"):
+        for key in ("predictor/auc", "predictor/root_auc", "branch/flip_rate", "branch/pure_trees_mixed",
+                    *(f"branch/{kind}_disagree_{what}" for kind, what in DISAGREEMENT)):
             if m.get(key) is not None:
                 rows.setdefault(key, []).append(float(m[key]))
         for a in REPORTED_ADVANTAGES:
@@ -234,6 +241,7 @@ def run_allocator(spec: str, world: ContrastLabWorld, config: BenchConfig,
         "own_nodes": own,
         "in_run_auc": {"nodes": mean("predictor/auc"), "roots": mean("predictor/root_auc")},
         "branch_flips": {"flip_rate": mean("branch/flip_rate"), "pure_trees_mixed": mean("branch/pure_trees_mixed")},
+        "disagreement": {f"{kind}_{what}": mean(f"branch/{kind}_disagree_{what}") for kind, what in DISAGREEMENT},
         "ms_per_step": 1e3 * mean("time/allocator"),
         "allocator": spec,
         "predictor": str(step.resolved.predictor_spec) if step.resolved.predictor_spec else None,
