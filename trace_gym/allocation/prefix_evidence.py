@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba as nb
 import numpy as np
 from scipy.special import gammaln
 
@@ -109,35 +110,55 @@ def branch_evidence(forest: Forest) -> BranchEvidence:
         ok = node >= 0
         anc[np.flatnonzero(ok), depth[node[ok]]] = node[ok]
         node = np.where(ok, parent[np.maximum(node, 0)], -1)
-    starts = np.flatnonzero(np.r_[True, origin[1:] != origin[:-1]])
-    ends = np.r_[starts[1:], T]
-    rows: list[tuple[int, float, int, int, int]] = []
-    pred = forest.pred
-    for i0, i1 in zip(starts.tolist(), ends.tolist()):
-        o = int(origin[i0])
-        d = int(depth[o])
-        if i0 == 0:
-            continue
-        before = done[:i0] & (anc[:i0, d] == o)
-        n = int(before.sum())
-        v = float(pred[o])
-        if n == 0 or np.isnan(v):
-            continue
-        seen = reward[:i0][before]
-        r = float(seen[0])
-        if np.any(seen != r):
-            continue
-        group = done[i0:i1]
-        t = int(group.sum())
-        if t == 0:
-            continue
-        s = int(np.count_nonzero(reward[i0:i1][group] != r))
-        rows.append((d, r * v + (1.0 - r) * (1.0 - v), n, t, s))
-    if not rows:
+    rows = _groups_kernel(origin, anc, done, reward, depth, forest.pred)
+    if rows.shape[0] == 0:
         return BranchEvidence.empty()
-    d, a, n, t, s = (np.asarray(x) for x in zip(*rows))
-    return BranchEvidence(d.astype(np.int64), a.astype(np.float64), n.astype(np.float64), t.astype(np.float64),
-                          s.astype(np.float64))
+    return BranchEvidence(rows[:, 0].astype(np.int64), rows[:, 1].copy(), rows[:, 2].copy(), rows[:, 3].copy(),
+                          rows[:, 4].copy())
+
+
+@nb.njit(cache=True, nogil=True)
+def _groups_kernel(origin, anc, done, reward, depth, pred):
+    """Rows ``(depth, agree, n, t, s)`` of :func:`branch_evidence`, one per counted group."""
+    T = origin.shape[0]
+    out = np.empty((T, 5))
+    k = 0
+    i0 = 0
+    while i0 < T:
+        o = origin[i0]
+        i1 = i0 + 1
+        while i1 < T and origin[i1] == o:
+            i1 += 1
+        d = depth[o]
+        v = pred[o]
+        n = 0
+        r = 0.0
+        pure = True
+        for i in range(i0):
+            if done[i] and anc[i, d] == o:
+                if n == 0:
+                    r = reward[i]
+                elif reward[i] != r:
+                    pure = False
+                    break
+                n += 1
+        if n > 0 and pure and not np.isnan(v):
+            t = 0
+            s = 0
+            for i in range(i0, i1):
+                if done[i]:
+                    t += 1
+                    if reward[i] != r:
+                        s += 1
+            if t > 0:
+                out[k, 0] = d
+                out[k, 1] = r * v + (1.0 - r) * (1.0 - v)
+                out[k, 2] = n
+                out[k, 3] = t
+                out[k, 4] = s
+                k += 1
+        i0 = i1
+    return out[:k]
 
 
 def log_likelihood(evidence: BranchEvidence, c: np.ndarray) -> np.ndarray:
