@@ -70,9 +70,11 @@ from trace_gym.step import Step
 DEFAULT_ALLOCATORS = "grpo,uniform,trace,trace:stage1=uniform,trace:stage2=uniform,dapo,pcl,knapsack,greso,vip,oracle,oracle-er"
 
 REPORTED_ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo")
-DISAGREEMENT = tuple((kind, what) for kind in ("root", "inner") for what in ("pred", "seen"))
 """Estimators under which every row's effective sample ratio is reported (a scaled ``trace``
 has the non-zero pattern of ``trace``, hence the same ratio)."""
+
+DISAGREEMENT = tuple((kind, what) for kind in ("root", "inner") for what in ("pred", "seen"))
+"""The ``(kind, what)`` of the ``branch/{kind}_disagree_{what}`` step metrics kept as ``disagreement``."""
 
 
 @dataclass
