@@ -13,7 +13,9 @@ Axes (every combination; a stage that uses no predictor collapses the predictor 
 * stage 2: ``none`` (stage 1 spends the whole budget) | ``uniform`` | ``prefix`` (active over
   every pure prefix, the paper's objective, ``scope=subtree``) | ``tree`` (active over
   prefixes of trees not yet mixed, ``scope=tree``) | ``mixed`` (active over the pure
-  prefixes of trees already mixed, ``scope=mixed``);
+  prefixes of trees already mixed, ``scope=mixed``); ``--stage2`` picks among them and may
+  add ``posterior`` (``prefix`` with each prefix's value conditioned on the outcomes already
+  below it, ``trace:stage2=posterior``);
 * predictor: ``beta`` | ``hashed`` (the shared model) | ``hashed:counts=true`` (with
   per-prompt counts) | ``lm:segments=turns`` (a frozen MiniLM encoder that reads the prompt
   and each turn once; a worker's first run of a seed encodes that seed's prompts, a few
@@ -96,6 +98,7 @@ from trace_gym.sim.difficulty import DEFAULT_DIFFICULTY
 
 STAGE1 = ("uniform", "paper", "posterior")
 STAGE2 = ("none", "uniform", "prefix", "tree", "mixed")
+STAGE2_ALL = STAGE2 + ("posterior",)  # --stage2 may add posterior: a sixth of the grid's runs more
 SCOPES = {"prefix": "subtree", "tree": "tree", "mixed": "mixed"}  # active stage 2: trace's scope
 PREDICTORS = ("beta", "hashed", "hashed:counts=true", "lm:segments=turns")
 ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo", "trace:scale=group")
@@ -105,12 +108,18 @@ GROUP_SIZE = 8  # G unless --group-size says otherwise
 BASELINES = ("grpo", "uniform", "dapo", "pcl", "knapsack", "greso", "vip", "trace-paper", "oracle", "oracle-er")
 
 
-def grid_cells(predictors: tuple[str, ...], m_min: int | str = "budget") -> list[dict[str, Any]]:
+def grid_cells(predictors: tuple[str, ...], m_min: int | str = "budget",
+               stage2: tuple[str, ...] = STAGE2) -> list[dict[str, Any]]:
     """Every (stage 1, stage 2, predictor) cell of the grid, as an allocator spec and a label;
-    ``m_min``: every cell's stage-1 group minimum (``trace``'s option; "budget": the paper's 2)."""
+    ``m_min``: every cell's stage-1 group minimum (``trace``'s option; "budget": the paper's 2);
+    ``stage2``: the stage-2 axis, values of :data:`STAGE2_ALL` (``posterior``: ``trace``'s
+    ``stage2="posterior"`` over every pure prefix)."""
+    unknown = [s for s in stage2 if s not in STAGE2_ALL]
+    if unknown or not stage2:
+        raise ValueError(f"stage 2 values must be some of {STAGE2_ALL}, got {stage2!r}")
     cells = []
-    for s1, s2 in itertools.product(STAGE1, STAGE2):
-        uses_predictor = s1 != "uniform" or s2 in SCOPES
+    for s1, s2 in itertools.product(STAGE1, stage2):
+        uses_predictor = s1 != "uniform" or s2 in SCOPES or s2 == "posterior"
         for pred in (predictors if uses_predictor else (None,)):
             kwargs: dict[str, Any] = {"stage1": s1, "stage2": "active" if s2 in SCOPES else s2, "m_min": m_min}
             if s2 in SCOPES:
@@ -463,6 +472,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--difficulty", default=DEFAULT_DIFFICULTY,
                     help="ContrastLab's root success distribution, as for `trace-gym bench allocators` (default: %(default)s)")
     ap.add_argument("--predictors", default=",".join(PREDICTORS))
+    ap.add_argument("--stage2", default=",".join(STAGE2),
+                    help=f"the grid's stage-2 axis, some of {','.join(STAGE2_ALL)} (default: %(default)s)")
     ap.add_argument("--advantages", default=",".join(ADVANTAGES), help="learning part: estimators of the grid cells")
     ap.add_argument("--lr", type=float, default=0.3, help="learning part: the simulated policy's per-task rate")
     ap.add_argument("--shared-lr", type=float, default=3.0, help="learning part: its shared-skill rate")
@@ -509,7 +520,12 @@ def main(argv: list[str] | None = None) -> None:
         except FileNotFoundError as e:
             ap.error(f"{e}; or leave lm out: --predictors {','.join(others)}")
     m_min = int(args.m_min) if args.m_min.isdigit() else args.m_min
-    rows = [] if args.no_grid else [{"label": c["label"], "spec": c["spec"], "grid": True} for c in grid_cells(predictors, m_min)]
+    stage2 = tuple(s for s in args.stage2.split(",") if s)
+    try:
+        cells = grid_cells(predictors, m_min, stage2)
+    except ValueError as e:
+        ap.error(f"--stage2: {e}")
+    rows = [] if args.no_grid else [{"label": c["label"], "spec": c["spec"], "grid": True} for c in cells]
     rows += [{"label": b, "spec": baseline_spec(b)} for b in args.baselines.split(",") if b]
     if args.rows:
         wanted = [w for w in args.rows.split(",") if w]

@@ -162,6 +162,12 @@ def test_ablation_grid_covers_every_cell_and_scores_by_hand():
     assert by[("posterior", "mixed", "hashed")]["kwargs"]["scope"] == "mixed"
     assert by[("uniform", "none", None)]["kwargs"] == {"stage1": "uniform", "stage2": "none", "m_min": "budget"}
     assert g.grid_cells(("hashed",), m_min="half-group")[0]["spec"]["kwargs"]["m_min"] == "half-group"
+    # --stage2 may add the posterior stage 2, which reads the predictor under every stage 1
+    post = [c for c in g.grid_cells(("beta", "hashed"), stage2=("none", "posterior")) if c["stage2"] == "posterior"]
+    assert len(post) == 3 * 2
+    assert {c["spec"]["kwargs"]["stage2"] for c in post} == {"posterior"}
+    with pytest.raises(ValueError, match="stage 2"):
+        g.grid_cells(("beta",), stage2=("active",))
     assert g.baseline_spec("pcl[pred=hashed:counts=true]") == {"name": "pcl", "kwargs": {"predictor": "hashed:counts=true"}}
     curve = [{"test_success": 0.4, "tokens": 0}, {"test_success": 0.5, "tokens": 100}, {"test_success": 0.7, "tokens": 200}]
 

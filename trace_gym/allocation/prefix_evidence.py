@@ -94,7 +94,11 @@ def branch_evidence(forest: Forest) -> BranchEvidence:
     trajectories with one origin (an allocator's ``(node, k)`` plan entry). The group counts
     when the finished trajectories started before it that pass through its origin number at
     least one and share one reward ``r``, and the origin carries a prediction. A prompt's
-    first rollouts (stage 1) have nothing before them and never count."""
+    first rollouts (stage 1) have nothing before them and never count. Two plans in a row
+    that end and start at one node make one group: its likelihood is still exact (the
+    beta-binomial chain rule: the second plan's outcomes conditioned on the first's), though
+    the group's ``s`` then counts the second plan's continuations even where the first's
+    already disagreed."""
     T = forest.n_trajectories
     if T == 0:
         return BranchEvidence.empty()
