@@ -104,6 +104,12 @@ def test_run_writes_records_leaderboard_and_plots(runs):
         flips = [s.metrics["branch_flip_rate"] for s in by[("trace", seed)].steps if s.metrics["branch_flip_rate"] is not None]
         assert flips and by[("trace", seed)].final["branch_flip_rate"] == pytest.approx(np.mean(flips))
         assert by[("grpo", seed)].final["branch_flip_rate"] is None
+        # stage 2's calibration per step: trace continues pure prompts; grpo's groups have nothing before them
+        seen = [(s.metrics["root_disagree_pred"], s.metrics["root_disagree_seen"]) for s in by[("trace", seed)].steps
+                if s.metrics["root_disagree_seen"] is not None]
+        assert seen and all(0.0 <= p <= 1.0 and 0.0 <= q <= 1.0 for p, q in seen)
+        assert all(s.metrics["root_disagree_seen"] is None and s.metrics["inner_disagree_seen"] is None
+                   for s in by[("grpo", seed)].steps)
     md = (a / "leaderboard.md").read_text()
     assert "| branch flips |" in md and "branch flips: of the branches in trees whose rollouts from the root all agreed" in md
 

@@ -154,6 +154,9 @@ def step_record(result: StepResult) -> StepRecord:
         "prompts": m["spent/prompts"], "branches": m["branches"], "allocator_ms": 1e3 * m["time/allocator"],
         "failed_trajectories": m["spent/failed_trajectories"], "rollout_s": m["time/rollout"], "step_s": m["time/step"],
         "branch_flip_rate": m.get("branch/flip_rate"),
+        # stage 2's calibration: predicted and seen disagreement of continuations of pure prefixes
+        **{f"{kind}_disagree_{what}": m.get(f"branch/{kind}_disagree_{what}") for kind in ("root", "inner")
+           for what in ("pred", "seen")},
     }
     for k in ("effective_sample_ratio/grpo", "effective_sample_ratio/trace", "update/loss", "update/sim_grad"):
         if k in m:
