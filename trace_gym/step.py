@@ -209,6 +209,11 @@ def forest_metrics(forest: Forest, adv: np.ndarray, spend: Spend) -> dict[str, A
     }
 
 
+DISAGREEMENT = tuple((kind, what) for kind in ("root", "inner") for what in ("pred", "seen"))
+"""The ``(kind, what)`` of the ``branch/{kind}_disagree_{what}`` metrics of
+:func:`disagreement_metrics`."""
+
+
 def disagreement_metrics(evidence: BranchEvidence) -> dict[str, float | None]:
     """Stage 2's calibration, from a step's continuations started from pure prefixes: the
     share of them that ended with another outcome than the prefix had shown

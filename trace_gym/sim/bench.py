@@ -65,16 +65,13 @@ from trace_gym.sim.difficulty import DEFAULT_DIFFICULTY, parse_difficulty
 from trace_gym.sim.evaluation import EvaluationSet, evaluation_set, summary_line
 from trace_gym.sim.source import SimSource
 from trace_gym.sim.world import ContrastLabWorld
-from trace_gym.step import Step
+from trace_gym.step import DISAGREEMENT, Step
 
 DEFAULT_ALLOCATORS = "grpo,uniform,trace,trace:stage1=uniform,trace:stage2=uniform,dapo,pcl,knapsack,greso,vip,oracle,oracle-er"
 
 REPORTED_ADVANTAGES = ("grpo", "trace", "treerl", "tree_grpo")
 """Estimators under which every row's effective sample ratio is reported (a scaled ``trace``
 has the non-zero pattern of ``trace``, hence the same ratio)."""
-
-DISAGREEMENT = tuple((kind, what) for kind in ("root", "inner") for what in ("pred", "seen"))
-"""The ``(kind, what)`` of the ``branch/{kind}_disagree_{what}`` step metrics kept as ``disagreement``."""
 
 
 @dataclass
