@@ -2,13 +2,16 @@
 reported and skipped, and all of them unreadable refused by name."""
 
 import random
+import resource
+import signal
 import warnings
 
 import numpy as np
 import pytest
 import torch
 
-from trace_gym.trainers.checkpoint import CheckpointError, CheckpointManager, CorruptCheckpointWarning, capture_rng, restore_rng
+from trace_gym.trainers.checkpoint import (CheckpointError, CheckpointManager, CheckpointWriteError, CorruptCheckpointWarning, capture_rng,
+                                          restore_rng)
 
 
 def _state(step: int) -> dict:
@@ -67,6 +70,30 @@ def test_interrupted_save_leaves_previous_checkpoint_usable(tmp_path):
     assert mgr.steps() == [1] and mgr.load_latest()[0] == 1
     mgr.save(2, _state(2))
     assert not tmp.exists() and mgr.steps() == [1, 2]
+
+
+def test_a_write_that_fails_removes_its_partial_files_and_says_so(tmp_path):
+    # A real failing write, as on a full disk: the process may not write files past 64 KiB
+    # (RLIMIT_FSIZE; the kernel then fails the write with EFBIG instead of killing us).
+    mgr = CheckpointManager(tmp_path, keep_last=2)
+    mgr.save(1, _state(1))
+    big = {"model": {"w": torch.zeros(256, 1024)}, "trainer": {"step": 2}}  # 1 MiB
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        with pytest.raises(CheckpointWriteError) as info:
+            mgr.save(2, big)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+    msg = str(info.value)
+    assert "checkpoint of step 2" in msg and "MiB are free there now" in msg and "[1] are intact" in msg
+    assert isinstance(info.value, OSError)
+    assert not list(tmp_path.glob(".tmp-*")), "the partial checkpoint must not be left to fill the disk further"
+    assert mgr.steps() == [1] and mgr.load_latest()[1]["trainer"]["cursor"] == 10
+    mgr.save(2, big)  # with room again, the same save goes through
+    assert mgr.steps() == [1, 2]
 
 
 def test_no_checkpoint_gives_none(tmp_path):

@@ -6,7 +6,8 @@ one ``torch.save`` file per top-level entry of the state (``model.pt``, ``optimi
 last. It is written into a temporary sibling directory, every file and the directory are
 fsync'ed, and only then is it renamed into place (an atomic rename on POSIX), so a run
 killed mid-write leaves the previous checkpoints intact and at worst a ``.tmp-*`` folder
-that the next save removes. On load, a checkpoint whose manifest is missing or whose files
+that the next save removes; a write that fails (a full disk) removes its partial files at once
+and raises a :class:`CheckpointWriteError` saying how much space is free. On load, a checkpoint whose manifest is missing or whose files
 do not match it is reported (a :class:`CorruptCheckpointWarning`) and the previous one is
 used; when none of them reads back, :meth:`CheckpointManager.load_latest` refuses with a
 :class:`CheckpointError` naming every one (a run must not silently start over next to them).
@@ -83,6 +84,12 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a lost mount); its partial files were
+    removed and the earlier checkpoints are intact. The message says how much was written and
+    how much space is free."""
+
+
 class CheckpointManager:
     """Saves and loads a run's checkpoints in ``directory`` (see the module docstring).
 
@@ -114,12 +121,36 @@ class CheckpointManager:
         for stale in self.directory.glob(".tmp-*"):  # left by a run killed mid-save
             shutil.rmtree(stale, ignore_errors=True)
         final = self.path(step)
-        tmp = self.directory / f".tmp-{final.name}-{os.getpid()}"
-        tmp.mkdir()
-        files: dict[str, dict[str, Any]] = {}
-        for name, value in state.items():
+        for name in state:
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
                 raise ValueError(f"checkpoint entry name {name!r} must be a plain file name")
+        tmp = self.directory / f".tmp-{final.name}-{os.getpid()}"
+        tmp.mkdir()
+        try:
+            self._write(tmp, step, state)
+        except (OSError, RuntimeError) as exc:  # torch's zip writer reports a full disk as RuntimeError
+            written = sum(p.stat().st_size for p in tmp.iterdir() if p.is_file())
+            shutil.rmtree(tmp, ignore_errors=True)
+            free = shutil.disk_usage(self.directory).free
+            raise CheckpointWriteError(
+                f"could not write the checkpoint of step {step} to {self.directory} ({exc}); "
+                f"{written / 2**20:.0f} MiB were written before it failed and {free / 2**20:.0f} MiB are free there now. "
+                f"The partial checkpoint was removed and the earlier ones {self.steps()} are intact: "
+                f"free some space (or set checkpoint.keep_last lower) and resume the run"
+            ) from exc
+        if final.exists():  # re-saving a step (a resumed run repeating it): replace it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(self.directory)
+        older = [s for s in self.steps() if s < step]
+        for old in older[: max(0, len(older) - (self.keep_last - 1))]:
+            shutil.rmtree(self.path(old), ignore_errors=True)
+        return final
+
+    @staticmethod
+    def _write(tmp: Path, step: int, state: dict[str, Any]) -> None:
+        files: dict[str, dict[str, Any]] = {}
+        for name, value in state.items():
             fpath = tmp / f"{name}.pt"
             with open(fpath, "wb") as f:
                 torch.save(value, f)
@@ -131,14 +162,6 @@ class CheckpointManager:
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(tmp)
-        if final.exists():  # re-saving a step (a resumed run repeating it): replace it
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(self.directory)
-        older = [s for s in self.steps() if s < step]
-        for old in older[: max(0, len(older) - (self.keep_last - 1))]:
-            shutil.rmtree(self.path(old), ignore_errors=True)
-        return final
 
     def load(self, step: int, map_location: str | torch.device = "cpu") -> dict[str, Any]:
         """Read the checkpoint of ``step``; raises ``ValueError`` naming the problem when it
