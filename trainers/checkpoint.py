@@ -6,11 +6,12 @@ one ``torch.save`` file per top-level entry of the state (``model.pt``, ``optimi
 last. It is written into a temporary sibling directory, every file and the directory are
 fsync'ed, and only then is it renamed into place (an atomic rename on POSIX), so a run
 killed mid-write leaves the previous checkpoints intact and at worst a ``.tmp-*`` folder
-that the next save removes; a write that fails (a full disk) removes its partial files at once
-and raises a :class:`CheckpointWriteError` saying how much space is free. On load, a checkpoint whose manifest is missing or whose files
-do not match it is reported (a :class:`CorruptCheckpointWarning`) and the previous one is
-used; when none of them reads back, :meth:`CheckpointManager.load_latest` refuses with a
-:class:`CheckpointError` naming every one (a run must not silently start over next to them).
+that the next save removes; a write that fails (a full disk) removes its partial files at
+once and raises a :class:`CheckpointWriteError` saying how much space is free. On load, a
+checkpoint whose manifest is missing or whose files do not match it is reported (a
+:class:`CorruptCheckpointWarning`) and the previous one is used; when none of them reads
+back, :meth:`CheckpointManager.load_latest` refuses with a :class:`CheckpointError` naming
+every one (a run must not silently start over next to them).
 Pruning after a save keeps that checkpoint and the ``keep_last - 1`` newest older ones; it
 never touches checkpoints of later steps (left by a run that was resumed from an earlier
 one, e.g. because they are corrupt: a resumed run overwrites them as it reaches their steps),
@@ -136,7 +137,7 @@ class CheckpointManager:
                 f"could not write the checkpoint of step {step} to {self.directory} ({exc}); "
                 f"{written / 2**20:.0f} MiB were written before it failed and {free / 2**20:.0f} MiB are free there now. "
                 f"The partial checkpoint was removed and the earlier ones {self.steps()} are intact: "
-                f"free some space (or set checkpoint.keep_last lower) and resume the run"
+                f"if the disk is full, free some space (or set checkpoint.keep_last lower) and resume the run"
             ) from exc
         if final.exists():  # re-saving a step (a resumed run repeating it): replace it
             shutil.rmtree(final)
