@@ -100,7 +100,8 @@ from trace_gym.allocators import register
 from trace_gym.allocators.uniform import uniform_prefixes, uniform_roots
 from trace_gym.forest.forest import TERMINAL, Forest
 from trace_gym.predictors.base import histories_for
-from trace_gym.allocation.prefix_evidence import BranchEvidence, branch_evidence, fit_concentration
+from trace_gym.allocation.prefix_evidence import (CONCENTRATIONS, BranchEvidence, best_concentration, branch_evidence,
+                                                   group_log_likelihoods)
 from trace_gym.allocation.solvers import solve_prefixes, solve_prefixes_beta, solve_roots
 
 EVIDENCE_MEMORY = 4096  # most recent branch groups stage2="posterior" fits its concentrations on
@@ -292,22 +293,39 @@ class TraceAllocator(Allocator):
         self._round = 0  # stage-2 rounds played in the current step
         self._rescued = 0  # rescue rounds played in the current step
         self.evidence = BranchEvidence.empty()
-        """``stage2="posterior"``: the branch groups its concentrations are fitted on."""
         self.concentration = np.full(EVIDENCE_DEPTHS + 1, np.inf)
         """``stage2="posterior"``: the fitted ``c`` of prefixes at depth 0, 1, 2 and deeper."""
+
+    @property
+    def evidence(self) -> BranchEvidence:
+        """``stage2="posterior"``: the branch groups its concentrations are fitted on (the last
+        ``EVIDENCE_MEMORY``)."""
+        return self._evidence
+
+    @evidence.setter
+    def evidence(self, value: BranchEvidence) -> None:
+        self._evidence = value
+        # each group's log-likelihood at every grid concentration, one column per group: a
+        # step adds its own groups' columns instead of recomputing the whole window's
+        self._ll = group_log_likelihoods(value, CONCENTRATIONS)
 
     def observe(self, forest: Forest) -> None:
         if self.stage2 != "posterior":
             return
-        self.evidence = self.evidence.concat(branch_evidence(forest)).tail(EVIDENCE_MEMORY)
+        new = branch_evidence(forest)
+        self._evidence = self._evidence.concat(new).tail(EVIDENCE_MEMORY)
+        ll = np.concatenate([self._ll, group_log_likelihoods(new, CONCENTRATIONS)], axis=1)
+        self._ll = np.ascontiguousarray(ll[:, ll.shape[1] - len(self._evidence):])
         self._fit()
 
     def _fit(self) -> None:
-        pooled = fit_concentration(self.evidence) if len(self.evidence) >= EVIDENCE_MIN else np.inf
+        """The maximum-likelihood concentration per depth bucket on the evidence window (the
+        pooled one for a bucket with fewer than ``EVIDENCE_MIN`` groups)."""
+        pooled = best_concentration(self._ll.sum(axis=1)) if len(self.evidence) >= EVIDENCE_MIN else np.inf
         bucket = np.minimum(self.evidence.depth, EVIDENCE_DEPTHS)
         for d in range(EVIDENCE_DEPTHS + 1):
             mine = bucket == d
-            self.concentration[d] = fit_concentration(self.evidence.where(mine)) if mine.sum() >= EVIDENCE_MIN else pooled
+            self.concentration[d] = best_concentration(self._ll[:, mine].sum(axis=1)) if mine.sum() >= EVIDENCE_MIN else pooled
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

@@ -48,6 +48,7 @@ import numpy as np
 from seed_stats import paired_table  # this script's own folder: run as a script, it is on sys.path
 from trace_gym.leaderboard.paired import along_baseline, difference_at_equal_spend, ratio_to_baseline_final, t_interval
 from trace_gym.leaderboard.render import markdown_table
+from trace_gym.step import DISAGREEMENT_KINDS, disagreement_metric
 
 ROOT = Path(__file__).resolve().parent.parent
 ACC = "eval/{env}/mean@k"
@@ -136,9 +137,9 @@ def curve(run_dir: Path, env_name: str, key: str = "mean@k") -> dict[str, np.nda
             "flip_rate": np.array([r["branch/flip_rate"] for r in recs if r.get("branch/flip_rate") is not None]),
             # continuations from pure prefixes: the predictor's chance that one disagrees with what the
             # prefix had shown, and the share that did (fresh rollouts of a pure prompt; turn-level prefixes)
-            **{f"{kind}_disagree": np.array([(r[f"branch/{kind}_disagree_pred"], r[f"branch/{kind}_disagree_seen"])
-                                             for r in recs if r.get(f"branch/{kind}_disagree_seen") is not None]).reshape(-1, 2)
-               for kind in ("root", "inner")}}
+            **{f"{kind}_disagree": np.array([(r[disagreement_metric(kind, "pred")], r[disagreement_metric(kind, "seen")])
+                                             for r in recs if r.get(disagreement_metric(kind, "seen")) is not None]).reshape(-1, 2)
+               for kind in DISAGREEMENT_KINDS}}
 
 
 def ratio_to_grpo_final(tc: dict[str, np.ndarray], gc: dict[str, np.ndarray], key: str) -> float:
@@ -253,7 +254,7 @@ def contrast_table(curves: dict[str, list[dict[str, np.ndarray]]]) -> list[str]:
         flips = [c["flip_rate"].mean() for c in runs if c.get("flip_rate", np.zeros(0)).size]
         flip = f"{100 * np.mean(flips):.1f}%" if flips else ""
         disagree = []
-        for kind in ("root", "inner"):
+        for kind in DISAGREEMENT_KINDS:
             steps = [c[f"{kind}_disagree"] for c in runs if c.get(f"{kind}_disagree", np.zeros((0, 2))).size]
             pred, seen = np.mean([x.mean(axis=0) for x in steps], axis=0) if steps else (None, None)
             disagree.append(f"{100 * pred:.1f}% / {100 * seen:.1f}%" if steps else "")

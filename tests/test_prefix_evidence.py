@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from trace_gym.allocation.budget import Budget
-from trace_gym.allocation.prefix_evidence import BranchEvidence, branch_evidence, fit_concentration
+from trace_gym.allocation.prefix_evidence import (CONCENTRATIONS, BranchEvidence, branch_evidence, fit_concentration,
+                                                   group_log_likelihoods, log_likelihood)
 from trace_gym.allocation.solvers import solve_prefixes, solve_prefixes_beta, v_pref, v_pref_beta
 from trace_gym import make_allocator
 from trace_gym.forest.forest import Forest
@@ -68,6 +69,18 @@ def test_fit_concentration_tells_settled_prefixes_from_open_ones():
     assert 0.1 <= settled <= 1.0
     assert fit_concentration(_simulated_evidence(np.inf, 800, rng)) >= 100.0
     assert fit_concentration(BranchEvidence.empty()) == np.inf
+
+
+def test_a_groups_log_likelihood_does_not_depend_on_the_other_groups():
+    rng = np.random.default_rng(2)
+    a, b = _simulated_evidence(0.3, 40, rng), _simulated_evidence(np.inf, 30, rng)
+    both = group_log_likelihoods(a.concat(b), CONCENTRATIONS)
+    assert both.shape == (CONCENTRATIONS.size, 70)
+    # bit for bit: a sliding window that keeps its columns fits what a refit would
+    assert np.array_equal(both, np.concatenate([group_log_likelihoods(a, CONCENTRATIONS),
+                                                group_log_likelihoods(b, CONCENTRATIONS)], axis=1))
+    assert np.array_equal(log_likelihood(a, CONCENTRATIONS), group_log_likelihoods(a, CONCENTRATIONS).sum(axis=1))
+    assert group_log_likelihoods(BranchEvidence.empty(), CONCENTRATIONS).shape == (CONCENTRATIONS.size, 0)
 
 
 def _rollout(f: Forest, origin: int, reward, turns: int = 2) -> list[int]:
@@ -164,3 +177,30 @@ def test_posterior_stage2_learns_its_concentrations_in_a_run():
         np.count_nonzero(alloc.evidence.depth == 0) < 30)
     with pytest.raises(ValueError, match="stage2 must be one of"):
         make_allocator("trace", stage2="posteriors")
+
+
+def test_posterior_stage2_fits_the_last_groups_it_saw_as_a_refit_would(monkeypatch):
+    import trace_gym.allocators.trace as trace_module
+    from trace_gym.sim.bench import BenchConfig
+    from trace_gym.sim.source import SimSource
+    from trace_gym.sim.world import ContrastLabWorld
+    from trace_gym.step import Step
+
+    monkeypatch.setattr(trace_module, "EVIDENCE_MEMORY", 80)  # a window the run overflows
+    config = BenchConfig(steps=4, prompts=64, trajectories=256, tasks=256, seed=1)
+    step = Step.from_spec(config.run_spec("trace:stage2=posterior"), SimSource(world=ContrastLabWorld(n_tasks=256, seed=1), seed=1))
+    alloc = step.allocator
+    seen = BranchEvidence.empty()
+    for i in range(4):
+        seen = seen.concat(branch_evidence(step.run(i).forest))
+        window = seen.tail(80)
+        assert np.array_equal(alloc.evidence.n, window.n) and np.array_equal(alloc.evidence.agree, window.agree)
+        bucket = np.minimum(window.depth, trace_module.EVIDENCE_DEPTHS)
+        pooled = fit_concentration(window) if len(window) >= trace_module.EVIDENCE_MIN else np.inf
+        refit = [fit_concentration(window.where(bucket == d)) if np.count_nonzero(bucket == d) >= trace_module.EVIDENCE_MIN
+                 else pooled for d in range(trace_module.EVIDENCE_DEPTHS + 1)]
+        assert alloc.concentration.tolist() == refit
+    assert len(seen) > 80 and np.isfinite(alloc.concentration).any()
+    restored = make_allocator("trace", stage2="posterior")
+    restored.load_state_dict(alloc.state_dict())
+    assert restored.concentration.tolist() == alloc.concentration.tolist()

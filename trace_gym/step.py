@@ -38,7 +38,8 @@ from trace_gym.forest.forest import TERMINAL, Forest
 from trace_gym.predictors.calibration import calibration
 from trace_gym.run import Resolved, RunSpec, resolve_run
 
-__all__ = ["PolicyUpdate", "RolloutSource", "Step", "StepResult", "make_source"]
+__all__ = ["PolicyUpdate", "RolloutSource", "Step", "StepResult", "make_source", "DISAGREEMENT", "DISAGREEMENT_KINDS",
+           "disagreement_metric", "disagreement_metrics"]
 
 REPORTED_ADVANTAGES = ("grpo", "trace")
 """Estimators whose effective sample ratios every step reports beside the run's own, so rows
@@ -209,9 +210,19 @@ def forest_metrics(forest: Forest, adv: np.ndarray, spend: Spend) -> dict[str, A
     }
 
 
-DISAGREEMENT = tuple((kind, what) for kind in ("root", "inner") for what in ("pred", "seen"))
-"""The ``(kind, what)`` of the ``branch/{kind}_disagree_{what}`` metrics of
-:func:`disagreement_metrics`."""
+DISAGREEMENT_KINDS = ("root", "inner")
+"""The prefixes :func:`disagreement_metrics` reports apart: ``root``, fresh rollouts of a
+still-pure prompt; ``inner``, continuations of a pure turn-level prefix."""
+
+DISAGREEMENT = tuple((kind, what) for kind in DISAGREEMENT_KINDS for what in ("pred", "seen"))
+"""The ``(kind, what)`` of the metrics of :func:`disagreement_metrics`, named by
+:func:`disagreement_metric`."""
+
+
+def disagreement_metric(kind: str, what: str) -> str:
+    """The step metric of stage 2's calibration for ``kind`` (one of ``DISAGREEMENT_KINDS``)
+    and ``what`` (``"pred"``: predicted, ``"seen"``: measured): ``branch/{kind}_disagree_{what}``."""
+    return f"branch/{kind}_disagree_{what}"
 
 
 def disagreement_metrics(evidence: BranchEvidence) -> dict[str, float | None]:
@@ -222,11 +233,11 @@ def disagreement_metrics(evidence: BranchEvidence) -> dict[str, float | None]:
     ``root``: fresh rollouts of a still-pure prompt, ``inner``: continuations of a turn-level
     prefix. None where the step has no such continuation."""
     out: dict[str, float | None] = {}
-    for kind, mask in (("root", evidence.depth == 0), ("inner", evidence.depth > 0)):
+    for kind, mask in zip(DISAGREEMENT_KINDS, (evidence.depth == 0, evidence.depth > 0)):
         t = evidence.t[mask]
         total = float(t.sum())
-        out[f"branch/{kind}_disagree_pred"] = float(np.dot(1.0 - evidence.agree[mask], t) / total) if total else None
-        out[f"branch/{kind}_disagree_seen"] = float(evidence.s[mask].sum() / total) if total else None
+        out[disagreement_metric(kind, "pred")] = float(np.dot(1.0 - evidence.agree[mask], t) / total) if total else None
+        out[disagreement_metric(kind, "seen")] = float(evidence.s[mask].sum() / total) if total else None
     return out
 
 

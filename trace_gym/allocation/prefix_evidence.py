@@ -25,9 +25,11 @@ import numba as nb
 import numpy as np
 from scipy.special import gammaln
 
+from trace_gym.allocation.solvers import agreement
 from trace_gym.forest.forest import TERMINAL, Forest
 
-__all__ = ["BranchEvidence", "branch_evidence", "log_likelihood", "fit_concentration", "CONCENTRATIONS"]
+__all__ = ["BranchEvidence", "branch_evidence", "group_log_likelihoods", "log_likelihood", "best_concentration",
+           "fit_concentration", "CONCENTRATIONS"]
 
 CONCENTRATIONS = np.concatenate([np.logspace(-2, 4, 61), [np.inf]])
 """The grid :func:`fit_concentration` searches (0.01 to 10^4, ten points a decade, and inf)."""
@@ -42,7 +44,8 @@ class BranchEvidence:
     Attributes (1-d arrays of one length):
         depth: the prefix's depth (0: a prompt, i.e. fresh rollouts of a sampled prompt).
         agree: the predicted chance that one continuation agrees with the outcome seen below
-            (``r v + (1 - r)(1 - v)`` with the prefix's prediction ``v`` from ``forest.pred``).
+            (:func:`~trace_gym.allocation.solvers.agreement`: ``r v + (1 - r)(1 - v)`` with the
+            prefix's prediction ``v`` from ``forest.pred``).
         n: finished leaves below the prefix before the group started (all with outcome ``r``).
         t: the group's finished continuations.
         s: those among them whose reward differs from ``r``.
@@ -117,15 +120,16 @@ def branch_evidence(forest: Forest) -> BranchEvidence:
     rows = _groups_kernel(origin, anc, done, reward, depth, forest.pred)
     if rows.shape[0] == 0:
         return BranchEvidence.empty()
-    return BranchEvidence(rows[:, 0].astype(np.int64), rows[:, 1].copy(), rows[:, 2].copy(), rows[:, 3].copy(),
-                          rows[:, 4].copy())
+    return BranchEvidence(rows[:, 0].astype(np.int64), agreement(rows[:, 1], rows[:, 2]), rows[:, 3].copy(),
+                          rows[:, 4].copy(), rows[:, 5].copy())
 
 
 @nb.njit(cache=True, nogil=True)
 def _groups_kernel(origin, anc, done, reward, depth, pred):
-    """Rows ``(depth, agree, n, t, s)`` of :func:`branch_evidence`, one per counted group."""
+    """Rows ``(depth, v, r, n, t, s)`` of :func:`branch_evidence`, one per counted group: the
+    prefix's prediction ``v`` and the outcome ``r`` seen below it, for ``agree``."""
     T = origin.shape[0]
-    out = np.empty((T, 5))
+    out = np.empty((T, 6))
     k = 0
     i0 = 0
     while i0 < T:
@@ -156,37 +160,53 @@ def _groups_kernel(origin, anc, done, reward, depth, pred):
                         s += 1
             if t > 0:
                 out[k, 0] = d
-                out[k, 1] = r * v + (1.0 - r) * (1.0 - v)
-                out[k, 2] = n
-                out[k, 3] = t
-                out[k, 4] = s
+                out[k, 1] = v
+                out[k, 2] = r
+                out[k, 3] = n
+                out[k, 4] = t
+                out[k, 5] = s
                 k += 1
         i0 = i1
     return out[:k]
 
 
-def log_likelihood(evidence: BranchEvidence, c: np.ndarray) -> np.ndarray:
-    """Log-likelihood of the groups' outcomes (as sequences) for each concentration in ``c``,
-    given what each group's prefix had shown before it."""
+def group_log_likelihoods(evidence: BranchEvidence, c: np.ndarray) -> np.ndarray:
+    """``(len(c), len(evidence))``: each group's log-likelihood of its outcomes (as a
+    sequence) for each concentration in ``c``, given what its prefix had shown before it. A
+    group's entries do not depend on the other groups, so a sliding window of evidence can
+    keep its columns and compute only the new groups'."""
     c = np.atleast_1d(np.asarray(c, dtype=np.float64))
     p = np.clip(evidence.agree, _EDGE, 1.0 - _EDGE)[None, :]
     n, t, s = evidence.n[None, :], evidence.t[None, :], evidence.s[None, :]
-    out = np.empty(c.size)
+    out = np.empty((c.size, len(evidence)))
     point = np.isinf(c)
-    out[point] = float(np.sum((t - s) * np.log(p) + s * np.log1p(-p)))
+    out[point] = (t - s) * np.log(p) + s * np.log1p(-p)
     cc = c[~point][:, None]
     if cc.size:
         a, b = cc * p + n, cc * (1.0 - p)
-        ll = gammaln(a + t - s) - gammaln(a) + gammaln(b + s) - gammaln(b) - gammaln(a + b + t) + gammaln(a + b)
-        out[~point] = ll.sum(axis=1)
+        out[~point] = gammaln(a + t - s) - gammaln(a) + gammaln(b + s) - gammaln(b) - gammaln(a + b + t) + gammaln(a + b)
     return out
 
 
-def fit_concentration(evidence: BranchEvidence, grid: np.ndarray = CONCENTRATIONS) -> float:
-    """The maximum-likelihood concentration ``c`` on ``grid`` (ties: the larger ``c``, i.e.
-    trust the predictor when the evidence cannot tell); ``inf`` without evidence."""
-    if len(evidence) == 0:
-        return float("inf")
-    ll = log_likelihood(evidence, grid)
+def log_likelihood(evidence: BranchEvidence, c: np.ndarray) -> np.ndarray:
+    """Log-likelihood of the groups' outcomes (as sequences) for each concentration in ``c``,
+    given what each group's prefix had shown before it: the row sums of
+    :func:`group_log_likelihoods`."""
+    return group_log_likelihoods(evidence, c).sum(axis=1)
+
+
+def best_concentration(ll: np.ndarray, grid: np.ndarray = CONCENTRATIONS) -> float:
+    """The concentration of ``grid`` whose log-likelihood ``ll`` (one per grid point) is
+    largest; ties (within rounding) go to the larger ``c``, i.e. trust the predictor when the
+    evidence cannot tell."""
+    ll = np.asarray(ll, dtype=np.float64)
     best = np.flatnonzero(ll >= ll.max() - 1e-9 * (1.0 + abs(ll.max())))
     return float(np.asarray(grid, dtype=np.float64)[best[-1]])
+
+
+def fit_concentration(evidence: BranchEvidence, grid: np.ndarray = CONCENTRATIONS) -> float:
+    """The maximum-likelihood concentration ``c`` on ``grid`` (:func:`best_concentration`);
+    ``inf`` without evidence."""
+    if len(evidence) == 0:
+        return float("inf")
+    return best_concentration(log_likelihood(evidence, grid), grid)

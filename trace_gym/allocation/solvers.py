@@ -48,7 +48,7 @@ import operator
 import numba as nb
 import numpy as np
 
-__all__ = ["solve_roots", "solve_prefixes", "solve_prefixes_beta", "v_root", "v_pref", "v_pref_beta"]
+__all__ = ["solve_roots", "solve_prefixes", "solve_prefixes_beta", "v_root", "v_pref", "v_pref_beta", "agreement"]
 
 # Two stage-1 candidates whose objectives differ by less than this (relative) are a tie.
 _TIE_RTOL = 1e-13
@@ -65,10 +65,10 @@ def v_root(v, m):
 def v_pref(v, r, k):
     """V_pref(v, r, k) = 1 - (r v + (1-r)(1-v))^k: the chance that at least one of k
     continuations from a prefix of value v disagrees with the observed outcome r."""
-    return 1.0 - _agreement(v, r) ** np.asarray(k)
+    return 1.0 - agreement(v, r) ** np.asarray(k)
 
 
-def _agreement(v, r) -> np.ndarray:
+def agreement(v, r) -> np.ndarray:
     """``r v + (1 - r)(1 - v)`` clipped to [0, 1]: the chance that one continuation from a
     prefix of value ``v`` ends with the outcome ``r`` seen below it."""
     v = np.asarray(v, dtype=np.float64)
@@ -82,7 +82,7 @@ def v_pref_beta(v, r, n, c, k):
     prefix's value is ``Beta(c v, c (1-v))`` before them (``c = inf``: :func:`v_pref`).
     Vectorised over equal-shaped arrays; ``k`` up to a few hundred."""
     v, r, n, c, k = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (v, r, n, c, k)))
-    s = _agreement(v, r)
+    s = agreement(v, r)
     out = np.empty(v.shape)
     point = np.isinf(c)
     out[point] = 1.0 - s[point] ** k[point]
@@ -380,7 +380,7 @@ def solve_prefixes_beta(v: np.ndarray, r: np.ndarray, n: np.ndarray, concentrati
     if np.any(~(c > 0)):
         raise ValueError("concentrations must be positive (inf for a point estimate)")
     budget = _as_budget(budget)
-    return _solve_prefixes_kernel(_agreement(v, r), n, c, budget, operator.index(k_max))
+    return _solve_prefixes_kernel(agreement(v, r), n, c, budget, operator.index(k_max))
 
 
 def solve_prefixes(v: np.ndarray, r: np.ndarray, budget: int, k_max: int = 0) -> np.ndarray:
@@ -404,4 +404,4 @@ def solve_prefixes(v: np.ndarray, r: np.ndarray, budget: int, k_max: int = 0) ->
     if v.shape != r.shape:
         raise ValueError(f"v and r must have the same length, got {v.shape[0]} and {r.shape[0]}")
     budget = _as_budget(budget)
-    return _solve_prefixes_kernel(_agreement(v, r), np.zeros(v.size), np.full(v.size, np.inf), budget, operator.index(k_max))
+    return _solve_prefixes_kernel(agreement(v, r), np.zeros(v.size), np.full(v.size, np.inf), budget, operator.index(k_max))

@@ -44,7 +44,7 @@ from trace_gym.leaderboard.records import (
 from trace_gym.leaderboard.spec import AllocatorEntry, EnvEntry, SuiteSpec, TrackSpec, config_hash
 from trace_gym.provenance import provenance
 from trace_gym.run import ComponentSpec, RunSpec, defaults, row_label
-from trace_gym.step import DISAGREEMENT, RolloutSource, Step, StepResult
+from trace_gym.step import DISAGREEMENT, RolloutSource, Step, StepResult, disagreement_metric
 
 # ----------------------------------------------------------------------------- rollout sources
 
@@ -155,7 +155,7 @@ def step_record(result: StepResult) -> StepRecord:
         "failed_trajectories": m["spent/failed_trajectories"], "rollout_s": m["time/rollout"], "step_s": m["time/step"],
         "branch_flip_rate": m.get("branch/flip_rate"),
         # stage 2's calibration: predicted and seen disagreement of continuations of pure prefixes
-        **{f"{kind}_disagree_{what}": m.get(f"branch/{kind}_disagree_{what}") for kind, what in DISAGREEMENT},
+        **{f"{kind}_disagree_{what}": m.get(disagreement_metric(kind, what)) for kind, what in DISAGREEMENT},
     }
     for k in ("effective_sample_ratio/grpo", "effective_sample_ratio/trace", "update/loss", "update/sim_grad"):
         if k in m:

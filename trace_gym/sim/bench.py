@@ -65,7 +65,7 @@ from trace_gym.sim.difficulty import DEFAULT_DIFFICULTY, parse_difficulty
 from trace_gym.sim.evaluation import EvaluationSet, evaluation_set, summary_line
 from trace_gym.sim.source import SimSource
 from trace_gym.sim.world import ContrastLabWorld
-from trace_gym.step import DISAGREEMENT, Step
+from trace_gym.step import DISAGREEMENT, Step, disagreement_metric
 
 DEFAULT_ALLOCATORS = "grpo,uniform,trace,trace:stage1=uniform,trace:stage2=uniform,dapo,pcl,knapsack,greso,vip,oracle,oracle-er"
 
@@ -188,7 +188,7 @@ def run_allocator(spec: str, world: ContrastLabWorld, config: BenchConfig,
                     "spent/generated_tokens", "spent/prompts", "time/allocator", "time/predictor"):
             rows.setdefault(key, []).append(float(m[key]))
         for key in ("predictor/auc", "predictor/root_auc", "branch/flip_rate", "branch/pure_trees_mixed",
-                    *(f"branch/{kind}_disagree_{what}" for kind, what in DISAGREEMENT)):
+                    *(disagreement_metric(kind, what) for kind, what in DISAGREEMENT)):
             if m.get(key) is not None:
                 rows.setdefault(key, []).append(float(m[key]))
         for a in REPORTED_ADVANTAGES:
@@ -240,7 +240,7 @@ def run_allocator(spec: str, world: ContrastLabWorld, config: BenchConfig,
         "own_nodes": own,
         "in_run_auc": {"nodes": mean("predictor/auc"), "roots": mean("predictor/root_auc")},
         "branch_flips": {"flip_rate": mean("branch/flip_rate"), "pure_trees_mixed": mean("branch/pure_trees_mixed")},
-        "disagreement": {f"{kind}_{what}": mean(f"branch/{kind}_disagree_{what}") for kind, what in DISAGREEMENT},
+        "disagreement": {f"{kind}_{what}": mean(disagreement_metric(kind, what)) for kind, what in DISAGREEMENT},
         "ms_per_step": 1e3 * mean("time/allocator"),
         "allocator": spec,
         "predictor": str(step.resolved.predictor_spec) if step.resolved.predictor_spec else None,
