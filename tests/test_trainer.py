@@ -224,6 +224,14 @@ def test_a_training_track_records_each_held_out_tasks_score(reference, tmp_path)
     # each step keeps the learning rate after its updates (constant here), which a cut to
     # the first steps reads to refuse a schedule that decays over the run
     assert all(s.metrics["lr"] == pytest.approx(MICRO["optim"]["lr"]) for r in records for s in r.steps)
+    # and the figures an allocation track's steps keep: rows with different advantages
+    # compare under grpo's, and stage 2's calibration is there to read
+    for r in records:
+        for s in r.steps:
+            assert 0 <= s.metrics["effective_sample_ratio/grpo"] <= 1 and s.metrics["allocator_ms"] >= 0
+            assert {"root_disagree_pred", "root_disagree_seen", "inner_disagree_pred", "inner_disagree_seen"} <= set(s.metrics)
+    grpo = next(r for r in records if r.allocator == "grpo")
+    assert all(s.metrics["effective_sample_ratio/grpo"] == s.metrics["effective_sample_ratio"] for s in grpo.steps)
 
 
 # ----------------------------------------------------------------------------- reliability

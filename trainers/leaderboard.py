@@ -9,7 +9,8 @@ from typing import Any
 
 from trace_gym.leaderboard.records import EvalPoint
 from trace_gym.leaderboard.runner import (
-    RunResult, failed_share, register_preflight, register_source, register_training_runner, row_spec, training_final,
+    RunResult, failed_share, record_metrics, register_preflight, register_source, register_training_runner, row_spec,
+    training_final,
 )
 from trace_gym.leaderboard.sources import resolve_config_path
 from trace_gym.leaderboard.spec import AllocatorEntry, EnvEntry, SuiteError, TrackSpec
@@ -272,14 +273,10 @@ def model_training(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed:
             traj, tok = int(rec["spent/trajectories"]), int(rec["spent/generated_tokens"])
             spent[0] += traj
             spent[1] += tok
-            metrics = {"effective_ratio": rec.get("effective_ratio"), "effective_sample_ratio": rec.get("effective_sample_ratio"),
-                       "effective_token_ratio": rec.get("effective_token_ratio"), "reward_mean": rec.get("reward/mean"),
-                       "brier": rec.get("calibration/brier"), "ece": rec.get("calibration/ece"), "auc": rec.get("calibration/auc"),
-                       "loss": rec.get("update/loss"), "step_s": rec.get("time/step"), "branches": rec.get("branches"),
-                       "prompts": rec.get("spent/prompts"), "failed_trajectories": rec.get("spent/failed_trajectories"),
-                       "branch_flip_rate": rec.get("branch/flip_rate"),
-                       # the learning rate after the step's updates: a cut to the first steps checks that it did not decay
-                       "lr": rec.get("update/lr")}
+            # the step's figures as an allocation track records them (its step_s: the whole
+            # trainer step, update and evaluation included), the update's loss and the learning
+            # rate after it (a cut to the first steps checks that it did not decay)
+            metrics = {**record_metrics(rec), "loss": rec.get("update/loss"), "lr": rec.get("update/lr")}
             steps.append(StepRecord(step=i, trajectories=traj, tokens=tok, metrics={k: clean_metric(v) for k, v in metrics.items()},
                                     generated=rec["generated"]))
             add_eval(i + 1, rec)

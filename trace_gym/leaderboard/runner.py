@@ -144,20 +144,33 @@ def allocation_step(track: TrackSpec, env: EnvEntry, alloc: AllocatorEntry, seed
     return Step.from_spec(spec, make_source(track, env, seed, cache), **kwargs)
 
 
-def step_record(result: StepResult) -> StepRecord:
-    """A step's figures as the leaderboard records them."""
-    m = result.metrics
+def record_metrics(m: dict[str, Any]) -> dict[str, Any]:
+    """The figures of one step's metrics (:class:`~trace_gym.step.Step`'s names) that every
+    track's step record keeps, under the record's names (None where the step has none)."""
+    allocator_s = m.get("time/allocator")
     metrics = {
-        "effective_ratio": m["effective_ratio"], "effective_sample_ratio": m["effective_sample_ratio"],
-        "effective_token_ratio": m["effective_token_ratio"], "brier": m.get("calibration/brier"),
-        "ece": m.get("calibration/ece"), "auc": m.get("calibration/auc"), "reward_mean": m["reward/mean"],
-        "prompts": m["spent/prompts"], "branches": m["branches"], "allocator_ms": 1e3 * m["time/allocator"],
-        "failed_trajectories": m["spent/failed_trajectories"], "rollout_s": m["time/rollout"], "step_s": m["time/step"],
+        "effective_ratio": m.get("effective_ratio"), "effective_sample_ratio": m.get("effective_sample_ratio"),
+        "effective_token_ratio": m.get("effective_token_ratio"), "brier": m.get("calibration/brier"),
+        "ece": m.get("calibration/ece"), "auc": m.get("calibration/auc"), "reward_mean": m.get("reward/mean"),
+        "prompts": m.get("spent/prompts"), "branches": m.get("branches"),
+        "allocator_ms": None if allocator_s is None else 1e3 * allocator_s,
+        "failed_trajectories": m.get("spent/failed_trajectories"), "rollout_s": m.get("time/rollout"), "step_s": m.get("time/step"),
         "branch_flip_rate": m.get("branch/flip_rate"),
         # stage 2's calibration: predicted and seen disagreement of continuations of pure prefixes
         **{f"{kind}_disagree_{what}": m.get(disagreement_metric(kind, what)) for kind, what in DISAGREEMENT},
     }
-    for k in ("effective_sample_ratio/grpo", "effective_sample_ratio/trace", "update/loss", "update/sim_grad"):
+    for k in ("effective_sample_ratio/grpo", "effective_sample_ratio/trace"):
+        if k in m:
+            metrics[k] = m[k]
+    return metrics
+
+
+def step_record(result: StepResult) -> StepRecord:
+    """A step's figures as the leaderboard records them (:func:`record_metrics`, and the
+    simulated policy update's where the step has one)."""
+    m = result.metrics
+    metrics = record_metrics(m)
+    for k in ("update/loss", "update/sim_grad"):
         if k in m:
             metrics[k] = m[k]
     return StepRecord(step=result.step, trajectories=int(result.spend.trajectories), tokens=int(m["spent/generated_tokens"]),
@@ -567,7 +580,7 @@ def run_suite(spec: SuiteSpec, out_dir: Path, *, show_progress: bool = True, res
 __all__ = [
     "ALLOCATION_FINAL", "EARLIER_FILE", "OWN_NODE_CALIBRATION", "RolloutSource", "SHARED_CALIBRATION", "SuiteRecords",
     "allocation_step", "calibration_metrics", "failed_share", "move_aside", "register_shared_evaluation", "shared_calibration",
-    "read_record_file", "sort_records", "row_spec", "step_record", "RunPlan", "RunResult", "TRAINING_FINAL", "eval_steps", "training_final",
+    "read_record_file", "sort_records", "row_spec", "record_metrics", "step_record", "RunPlan", "RunResult", "TRAINING_FINAL", "eval_steps", "training_final",
     "mean_metrics", "preflight", "make_source", "plan_suite",
     "register_source", "register_training_runner", "resolve_advantage", "resolve_predictor", "row_config", "run_allocation", "run_suite", "run_training",
 
